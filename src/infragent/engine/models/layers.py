@@ -1,0 +1,111 @@
+"""Building blocks: RMSNorm, rotary embedding, gated MLP, and attention over the KV cache."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from infragent.engine.kv_cache import KVCache
+from infragent.engine.step_inputs import StepInputs
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension."""
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+class Rotary:
+    """Rotary position embedding, NeoX (rotate-half) layout, with a precomputed cos/sin table."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, dtype: torch.dtype) -> None:
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        self.cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(dtype)
+        self.sin = torch.cat([-angles.sin(), angles.sin()], dim=-1).to(dtype)
+        self.half = head_dim // 2
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate x [T, heads, head_dim] by each row's position."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        rotated = torch.cat([x[..., self.half:], x[..., :self.half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class GatedMLP:
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
+        self.gate_up = torch.cat([gate, up], dim=0).contiguous()
+        self.down = down.contiguous()
+        self.inter = gate.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = F.linear(x, self.gate_up)
+        hidden = F.silu(gate_up[:, :self.inter]).mul_(gate_up[:, self.inter:])
+        return F.linear(hidden, self.down)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Single-query GQA attention: q [B, H, d] (pre-scaled) over k, v [B, L, kv_heads, d]."""
+    batch, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    qg = q.view(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(qg, k.permute(0, 2, 3, 1))
+    if mask is not None:
+        scores = scores + mask
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(batch, heads, dim)
+
+
+def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_start: int) -> torch.Tensor:
+    """Causal GQA attention of n queries [n, H, d] (pre-scaled) that follow context_start cached tokens."""
+    n, heads, _ = q.shape
+    length, kv_heads, _ = k.shape
+    group = heads // kv_heads
+    k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+    v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    q = q.transpose(0, 1)
+    if context_start == 0:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
+    else:
+        allowed = torch.arange(length) <= (context_start + torch.arange(n)).unsqueeze(1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0)
+    return out.transpose(0, 1)
+
+
+class Attention:
+    """GQA self-attention with RoPE that writes to and reads from its layer of the KV cache."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, num_heads: int,
+                 num_kv_heads: int, head_dim: int, rotary: Rotary, cache_layer: int) -> None:
+        self.qkv = torch.cat([q, k, v], dim=0).contiguous()
+        self.o = o.contiguous()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.rotary = rotary
+        self.cache_layer = cache_layer
+        self.scale = head_dim ** -0.5
+
+    def __call__(self, x: torch.Tensor, inputs: StepInputs, cache: KVCache) -> torch.Tensor:
+        tokens = x.shape[0]
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = F.linear(x, self.qkv).split([h * d, kvh * d, kvh * d], dim=-1)
+        q = self.rotary(q.view(tokens, h, d), inputs.positions).mul_(self.scale)
+        k = self.rotary(k.view(tokens, kvh, d), inputs.positions)
+        v = v.reshape(tokens, kvh, d)
+        cache.write(self.cache_layer, k, v, inputs.slot_mapping)
+        nd = inputs.num_decodes
+        if nd == tokens:
+            out = decode_attention(q, *cache.decode_context(self.cache_layer, inputs), inputs.decode_mask)
+        else:
+            out = torch.empty_like(q)
+            if nd:
+                out[:nd] = decode_attention(q[:nd], *cache.decode_context(self.cache_layer, inputs),
+                                            inputs.decode_mask)
+            for chunk in inputs.prefills:
+                rows = slice(chunk.start, chunk.start + chunk.length)
+                if chunk.context_start == 0:
+                    ck, cv = k[rows], v[rows]
+                else:
+                    ck, cv = cache.chunk_context(self.cache_layer, chunk)
+                out[rows] = chunk_attention(q[rows], ck, cv, chunk.context_start)
+        return F.linear(out.reshape(tokens, h * d), self.o)

@@ -1,0 +1,25 @@
+"""The llama family: SmolLM2-135M-Instruct read from its GGUF file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from infragent.engine.gguf_weights import LlamaGGUFConfig, load_llama_gguf
+from infragent.engine.models.spec import ModelSpec
+
+
+def llama_spec(cfg: LlamaGGUFConfig) -> ModelSpec:
+    """The architecture a GGUF llama config describes."""
+    return ModelSpec(
+        name="llama", vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, layer_kinds=("attention",) * cfg.num_layers,
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps, max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=cfg.tie_word_embeddings)
+
+
+def load_llama(path: str | Path | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """Spec and fp32 weights (HF names) of the GGUF llama model."""
+    cfg, weights = load_llama_gguf(path)
+    return llama_spec(cfg), weights

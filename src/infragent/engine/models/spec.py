@@ -1,0 +1,42 @@
+"""ModelSpec: the architecture of a decoder model, whichever family it comes from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes and constants shared by the llama and hybrid families."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layer_kinds: tuple[str, ...]  # "attention" or "kda" per layer
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    kda_num_heads: int = 0
+    kda_head_k_dim: int = 0
+    kda_head_v_dim: int = 0
+    kda_chunk_size: int = 32
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_kinds)
+
+    @property
+    def num_attention_layers(self) -> int:
+        return self.layer_kinds.count("attention")
+
+    @property
+    def num_kda_layers(self) -> int:
+        return self.layer_kinds.count("kda")
+
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """Bytes of K and V one token occupies across all attention layers."""
+        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * element_size

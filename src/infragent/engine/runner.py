@@ -1,0 +1,94 @@
+"""ModelRunner: turns a ScheduledBatch into StepInputs, runs the model, samples next tokens."""
+from __future__ import annotations
+
+import torch
+
+from infragent.engine.kv_cache import KDAStateCache, KVCache
+from infragent.engine.models.decoder import DecoderModel
+from infragent.engine.sampling import sample
+from infragent.engine.scheduler import ScheduledBatch
+from infragent.engine.sequence import Sequence
+from infragent.engine.state_slots import StateSlots
+from infragent.engine.step_inputs import PrefillChunk, StepInputs
+
+
+def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slot of each position given a block table (works batched over a leading dimension)."""
+    return block_table[..., positions // block_size] * block_size + positions % block_size
+
+
+class ModelRunner:
+    """Owns the model and its caches; one call to run() is one engine step."""
+
+    def __init__(self, model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | None,
+                 slots: StateSlots | None, block_size: int) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.kda_states = kda_states
+        self.slots = slots
+        self.block_size = block_size
+        self.paged = kv_cache.layout == "paged"
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[Sequence]]:
+        """Flatten the batch (decodes first) and build the metadata every layer reads."""
+        order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_new_tokens[i] != 1)
+        seqs = [batch.seqs[i] for i in order]
+        counts = [batch.num_new_tokens[i] for i in order]
+        num_decodes = sum(1 for n in counts if n == 1)
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slot_mapping: list[torch.Tensor] = []
+        prefills: list[PrefillChunk] = []
+        logits_rows: list[int] = []
+        sampled_seqs: list[Sequence] = []
+        for seq, n in zip(seqs, counts):
+            start, row = seq.num_computed_tokens, len(input_ids)
+            input_ids.extend(seq.token_ids[start:start + n])
+            pos = torch.arange(start, start + n)
+            table = torch.tensor(seq.block_table)
+            positions.append(pos)
+            slot_mapping.append(_slots(table, pos, bs))
+            if n > 1:
+                context = _slots(table, torch.arange(start + n), bs) if self.paged and start else None
+                prefills.append(PrefillChunk(row, n, start, context, seq.block_table[0], seq.state_slot))
+            if start + n == len(seq):
+                logits_rows.append(row + n - 1)
+                sampled_seqs.append(seq)
+        inputs = StepInputs(
+            input_ids=torch.tensor(input_ids), positions=torch.cat(positions), slot_mapping=torch.cat(slot_mapping),
+            num_decodes=num_decodes, decode_slots=None, decode_regions=None, decode_mask=None, decode_max_len=0,
+            decode_state_slots=None, prefills=prefills, logits_rows=torch.tensor(logits_rows, dtype=torch.long))
+        if num_decodes:
+            self._prepare_decodes(inputs, seqs[:num_decodes])
+        return inputs, sampled_seqs
+
+    def _prepare_decodes(self, inputs: StepInputs, seqs: list[Sequence]) -> None:
+        lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
+        max_len = int(lengths.max())
+        inputs.decode_max_len = max_len
+        if self.paged:
+            width = max(len(s.block_table) for s in seqs)
+            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
+            inputs.decode_slots = _slots(tables, torch.arange(max_len), self.block_size)
+        else:
+            inputs.decode_regions = torch.tensor([s.block_table[0] for s in seqs])
+        if int(lengths.min()) != max_len:
+            pad = torch.arange(max_len) >= lengths.unsqueeze(1)
+            mask = torch.zeros(pad.shape, dtype=self.model.embed.dtype).masked_fill_(pad, float("-inf"))
+            inputs.decode_mask = mask[:, None, None, :]
+        if self.slots is not None:
+            inputs.decode_state_slots = torch.tensor([s.state_slot for s in seqs])
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> dict[int, int]:
+        """Compute one step; return {seq_id: sampled token} for sequences that reached their last token."""
+        inputs, sampled_seqs = self.prepare(batch)
+        if self.kda_states is not None and self.slots is not None:
+            self.kda_states.reset(self.slots.take_fresh())
+        hidden = self.model.forward(inputs, self.kv_cache, self.kda_states)
+        if not sampled_seqs:
+            return {}
+        logits = self.model.logits(hidden.index_select(0, inputs.logits_rows))
+        tokens = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs])
+        return {s.seq_id: t for s, t in zip(sampled_seqs, tokens)}

@@ -1,0 +1,35 @@
+"""StepInputs: the flattened tensors and per-group metadata one model forward consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillChunk:
+    """A run of query tokens of one sequence (query length > 1, or the sequence's first tokens)."""
+
+    start: int  # first row in the flattened token batch
+    length: int
+    context_start: int  # tokens of this sequence already in the cache before this chunk
+    context_slots: torch.Tensor | None  # cache slots of all context_start+length tokens (paged layout)
+    region: int  # the sequence's region (contiguous layout) / first block
+    state_slot: int | None  # KDA state slot
+
+
+@dataclass
+class StepInputs:
+    """Everything the layers need for one step; decodes occupy the first num_decodes rows."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] cache slot each token's K/V is written to
+    num_decodes: int
+    decode_slots: torch.Tensor | None  # [B, Lmax] cache slots of each decode's context (paged)
+    decode_regions: torch.Tensor | None  # [B] region of each decode (contiguous)
+    decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] additive mask, None when all contexts are full
+    decode_max_len: int
+    decode_state_slots: torch.Tensor | None  # [B] KDA slots
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    logits_rows: torch.Tensor | None = None  # rows whose next-token logits are needed
