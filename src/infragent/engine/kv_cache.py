@@ -28,12 +28,18 @@ class KVCache:
 
     def decode_context(self, layer: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every decode's context, padded: [B, Lmax, kv_heads, head_dim]."""
-        if self.layout == "paged":
-            return self.k[layer][inputs.decode_slots], self.v[layer][inputs.decode_slots]
-        regions, length = inputs.decode_regions, inputs.decode_max_len
-        k = self.k[layer].view(-1, self.block_size, *self.k[layer].shape[1:])[:, :length]
-        v = self.v[layer].view(-1, self.block_size, *self.v[layer].shape[1:])[:, :length]
-        return k.index_select(0, regions), v.index_select(0, regions)
+        batch = inputs.num_decodes
+        k, v = self.blocks(layer)
+        if self.layout == "paged":  # whole blocks are gathered: one contiguous copy per block, not per token
+            shape = (batch, inputs.decode_context_len, *k.shape[2:])
+            return k.index_select(0, inputs.decode_blocks).view(shape), v.index_select(0, inputs.decode_blocks).view(shape)
+        length = inputs.decode_context_len
+        return k[:, :length].index_select(0, inputs.decode_regions), v[:, :length].index_select(0, inputs.decode_regions)
+
+    def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer viewed as [num_blocks, block_size, kv_heads, head_dim]."""
+        k, v = self.k[layer], self.v[layer]
+        return k.view(-1, self.block_size, *k.shape[1:]), v.view(-1, self.block_size, *v.shape[1:])
 
     def chunk_context(self, layer: int, chunk: PrefillChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of a prefill chunk's whole context (cached prefix plus chunk): [L, kv_heads, head_dim]."""

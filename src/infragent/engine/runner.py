@@ -57,7 +57,7 @@ class ModelRunner:
                 sampled_seqs.append(seq)
         inputs = StepInputs(
             input_ids=torch.tensor(input_ids), positions=torch.cat(positions), slot_mapping=torch.cat(slot_mapping),
-            num_decodes=num_decodes, decode_slots=None, decode_regions=None, decode_mask=None, decode_max_len=0,
+            num_decodes=num_decodes, decode_blocks=None, decode_regions=None, decode_mask=None, decode_context_len=0,
             decode_state_slots=None, prefills=prefills, logits_rows=torch.tensor(logits_rows, dtype=torch.long))
         if num_decodes:
             self._prepare_decodes(inputs, seqs[:num_decodes])
@@ -65,16 +65,16 @@ class ModelRunner:
 
     def _prepare_decodes(self, inputs: StepInputs, seqs: list[Sequence]) -> None:
         lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
-        max_len = int(lengths.max())
-        inputs.decode_max_len = max_len
         if self.paged:
-            width = max(len(s.block_table) for s in seqs)
-            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
-            inputs.decode_slots = _slots(tables, torch.arange(max_len), self.block_size)
+            width = -(-int(lengths.max()) // self.block_size)
+            inputs.decode_blocks = torch.tensor([b for s in seqs for b in s.block_table
+                                                 + [0] * (width - len(s.block_table))])
+            inputs.decode_context_len = width * self.block_size
         else:
             inputs.decode_regions = torch.tensor([s.block_table[0] for s in seqs])
-        if int(lengths.min()) != max_len:
-            pad = torch.arange(max_len) >= lengths.unsqueeze(1)
+            inputs.decode_context_len = int(lengths.max())
+        if int(lengths.min()) != inputs.decode_context_len:
+            pad = torch.arange(inputs.decode_context_len) >= lengths.unsqueeze(1)
             mask = torch.zeros(pad.shape, dtype=self.model.embed.dtype).masked_fill_(pad, float("-inf"))
             inputs.decode_mask = mask[:, None, None, :]
         if self.slots is not None:

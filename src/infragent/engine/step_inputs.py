@@ -26,10 +26,12 @@ class StepInputs:
     positions: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T] cache slot each token's K/V is written to
     num_decodes: int
-    decode_slots: torch.Tensor | None  # [B, Lmax] cache slots of each decode's context (paged)
+    decode_blocks: torch.Tensor | None  # [B * width] block ids of each decode's padded block table (paged)
     decode_regions: torch.Tensor | None  # [B] region of each decode (contiguous)
-    decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] additive mask, None when all contexts are full
-    decode_max_len: int
+    decode_mask: torch.Tensor | None  # [B, 1, 1, L] additive mask over gathered positions; None if none padded
+    decode_context_len: int  # L: positions gathered per decode
     decode_state_slots: torch.Tensor | None  # [B] KDA slots
     prefills: list[PrefillChunk] = field(default_factory=list)
     logits_rows: torch.Tensor | None = None  # rows whose next-token logits are needed
+    rope_cos: torch.Tensor | None = None  # [T, 1, head_dim] rotary tables at this step's positions
+    rope_sin: torch.Tensor | None = None

@@ -21,7 +21,7 @@ class DecoderModel:
         self.embed = w["model.embed_tokens.weight"]
         self.lm_head = self.embed if spec.tie_word_embeddings else w["lm_head.weight"]
         self.final_norm = w["model.norm.weight"]
-        rotary = Rotary(spec.head_dim, spec.rope_theta, spec.max_position_embeddings, dtype)
+        self.rotary = rotary = Rotary(spec.head_dim, spec.rope_theta, spec.max_position_embeddings, dtype)
         self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP]] = []
         attention_index = kda_index = 0
         for i, kind in enumerate(spec.layer_kinds):
@@ -44,6 +44,7 @@ class DecoderModel:
     def forward(self, inputs: StepInputs, kv_cache: KVCache, kda_states: KDAStateCache | None) -> torch.Tensor:
         """Hidden states [T, hidden] of every scheduled token; fills the caches as a side effect."""
         eps = self.spec.rms_eps
+        inputs.rope_cos, inputs.rope_sin = self.rotary.tables(inputs.positions)
         hidden = F.embedding(inputs.input_ids, self.embed)
         for norm_in, mixer, norm_post, mlp in self.layers:
             x = rms_norm(hidden, norm_in, eps)

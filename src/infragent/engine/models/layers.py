@@ -23,10 +23,12 @@ class Rotary:
         self.sin = torch.cat([-angles.sin(), angles.sin()], dim=-1).to(dtype)
         self.half = head_dim // 2
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotate x [T, heads, head_dim] by each row's position."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, head_dim] at the given positions (computed once per step)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate x [T, heads, head_dim] using the step's tables."""
         rotated = torch.cat([x[..., self.half:], x[..., :self.half]], dim=-1)
         return x * cos + rotated * sin
 
@@ -89,8 +91,8 @@ class Attention:
         tokens = x.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = F.linear(x, self.qkv).split([h * d, kvh * d, kvh * d], dim=-1)
-        q = self.rotary(q.view(tokens, h, d), inputs.positions).mul_(self.scale)
-        k = self.rotary(k.view(tokens, kvh, d), inputs.positions)
+        q = self.rotary(q.view(tokens, h, d), inputs.rope_cos, inputs.rope_sin).mul_(self.scale)
+        k = self.rotary(k.view(tokens, kvh, d), inputs.rope_cos, inputs.rope_sin)
         v = v.reshape(tokens, kvh, d)
         cache.write(self.cache_layer, k, v, inputs.slot_mapping)
         nd = inputs.num_decodes
