@@ -71,7 +71,9 @@ def test_paged_and_contiguous_kv_give_identical_results():
         a = [o.token_ids for o in run(paged, PROMPTS, 8)]
         b = [o.token_ids for o in run(contiguous, PROMPTS, 8)]
     assert a == b
-    assert torch.equal(torch.cat(paged_logits), torch.cat(contiguous_logits))
+    # Paged decode reads whole (masked) blocks, contiguous reads the exact length: same math,
+    # reductions of different padded lengths, so logits agree to float rounding.
+    assert (torch.cat(paged_logits) - torch.cat(contiguous_logits)).abs().max().item() < 1e-5
 
 
 def test_same_seed_same_model_different_seed_different_model():

@@ -7,47 +7,47 @@ from infragent.engine.step_inputs import PrefillChunk, StepInputs
 
 
 class KVCache:
-    """Per attention layer, K and V stored flat as [num_blocks * block_size, kv_heads, head_dim].
+    """Per attention layer, K and V stored head-major as [kv_heads, num_blocks * block_size, head_dim].
 
-    Paged layout gathers a sequence's context through its block table; contiguous layout gives
-    each sequence one region of max_model_len slots and reads it as a slice.
+    Head-major storage lets decode attention batch its matmuls over (kv_head, sequence) with no
+    transposing copy. Paged layout gathers a sequence's context block by block through its block
+    table; contiguous layout gives each sequence one region of max_model_len slots and slices it.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, layout: str) -> None:
-        shape = (num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_kv_heads, num_blocks * block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.block_size = block_size
         self.layout = layout
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Store this step's K/V rows at their slots."""
-        self.k[layer].index_copy_(0, slot_mapping, k)
-        self.v[layer].index_copy_(0, slot_mapping, v)
+        """Store this step's K/V rows ([T, kv_heads, head_dim]) at their slots."""
+        self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
+        self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
 
     def decode_context(self, layer: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of every decode's context, padded: [B, Lmax, kv_heads, head_dim]."""
-        batch = inputs.num_decodes
-        k, v = self.blocks(layer)
-        if self.layout == "paged":  # whole blocks are gathered: one contiguous copy per block, not per token
-            shape = (batch, inputs.decode_context_len, *k.shape[2:])
-            return k.index_select(0, inputs.decode_blocks).view(shape), v.index_select(0, inputs.decode_blocks).view(shape)
+        """K and V of every decode's context, padded: [kv_heads, B, L, head_dim]."""
+        heads, _, dim = self.k[layer].shape
+        shape = (heads, inputs.num_decodes, inputs.decode_context_len, dim)
+        k, v = self._blocks(self.k[layer]), self._blocks(self.v[layer])
+        if self.layout == "paged":  # whole blocks are copied, not single token rows
+            return k.index_select(1, inputs.decode_blocks).view(shape), v.index_select(1, inputs.decode_blocks).view(shape)
         length = inputs.decode_context_len
-        return k[:, :length].index_select(0, inputs.decode_regions), v[:, :length].index_select(0, inputs.decode_regions)
+        return k[:, :, :length].index_select(1, inputs.decode_regions), v[:, :, :length].index_select(1, inputs.decode_regions)
 
-    def blocks(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of one layer viewed as [num_blocks, block_size, kv_heads, head_dim]."""
-        k, v = self.k[layer], self.v[layer]
-        return k.view(-1, self.block_size, *k.shape[1:]), v.view(-1, self.block_size, *v.shape[1:])
+    def _blocks(self, t: torch.Tensor) -> torch.Tensor:
+        """A layer's storage viewed as [kv_heads, num_blocks, block_size, head_dim]."""
+        return t.view(t.shape[0], -1, self.block_size, t.shape[2])
 
     def chunk_context(self, layer: int, chunk: PrefillChunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of a prefill chunk's whole context (cached prefix plus chunk): [L, kv_heads, head_dim]."""
+        """K and V of a prefill chunk's whole context (cached prefix plus chunk): [kv_heads, L, head_dim]."""
         if self.layout == "paged":
-            return self.k[layer][chunk.context_slots], self.v[layer][chunk.context_slots]
+            return self.k[layer][:, chunk.context_slots], self.v[layer][:, chunk.context_slots]
         start = chunk.region * self.block_size
         end = start + chunk.context_start + chunk.length
-        return self.k[layer][start:end], self.v[layer][start:end]
+        return self.k[layer][:, start:end], self.v[layer][:, start:end]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -76,7 +76,7 @@ class ModelRunner:
         if int(lengths.min()) != inputs.decode_context_len:
             pad = torch.arange(inputs.decode_context_len) >= lengths.unsqueeze(1)
             mask = torch.zeros(pad.shape, dtype=self.model.embed.dtype).masked_fill_(pad, float("-inf"))
-            inputs.decode_mask = mask[:, None, None, :]
+            inputs.decode_mask = mask[None, :, None, :]  # broadcast over [kv_heads, B, group, L]
         if self.slots is not None:
             inputs.decode_state_slots = torch.tensor([s.state_slot for s in seqs])
 

@@ -28,7 +28,7 @@ class StepInputs:
     num_decodes: int
     decode_blocks: torch.Tensor | None  # [B * width] block ids of each decode's padded block table (paged)
     decode_regions: torch.Tensor | None  # [B] region of each decode (contiguous)
-    decode_mask: torch.Tensor | None  # [B, 1, 1, L] additive mask over gathered positions; None if none padded
+    decode_mask: torch.Tensor | None  # [1, B, 1, L] additive mask over gathered positions; None if none padded
     decode_context_len: int  # L: positions gathered per decode
     decode_state_slots: torch.Tensor | None  # [B] KDA slots
     prefills: list[PrefillChunk] = field(default_factory=list)

@@ -48,24 +48,25 @@ class GatedMLP:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Single-query GQA attention: q [B, H, d] (pre-scaled) over k, v [B, L, kv_heads, d]."""
+    """Single-query GQA attention: q [B, H, d] (pre-scaled) over k, v [kv_heads, B, L, d]."""
     batch, heads, dim = q.shape
-    kv_heads = k.shape[2]
-    qg = q.view(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1))
+    kv_heads = k.shape[0]
+    qg = q.view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [kv_heads, B, group, d]
+    scores = torch.matmul(qg, k.transpose(-1, -2))
     if mask is not None:
         scores = scores + mask
     probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v.permute(0, 2, 1, 3)).reshape(batch, heads, dim)
+    return torch.matmul(probs, v).transpose(0, 1).reshape(batch, heads, dim)
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_start: int) -> torch.Tensor:
-    """Causal GQA attention of n queries [n, H, d] (pre-scaled) that follow context_start cached tokens."""
+    """Causal GQA attention of n queries [n, H, d] (pre-scaled) over k, v [kv_heads, L, d] that
+    hold context_start cached tokens followed by the n new ones."""
     n, heads, _ = q.shape
-    length, kv_heads, _ = k.shape
+    kv_heads, length, _ = k.shape
     group = heads // kv_heads
-    k = k.repeat_interleave(group, dim=1).transpose(0, 1)
-    v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+    k = k.repeat_interleave(group, dim=0)
+    v = v.repeat_interleave(group, dim=0)
     q = q.transpose(0, 1)
     if context_start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
@@ -106,7 +107,7 @@ class Attention:
             for chunk in inputs.prefills:
                 rows = slice(chunk.start, chunk.start + chunk.length)
                 if chunk.context_start == 0:
-                    ck, cv = k[rows], v[rows]
+                    ck, cv = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
                 else:
                     ck, cv = cache.chunk_context(self.cache_layer, chunk)
                 out[rows] = chunk_attention(q[rows], ck, cv, chunk.context_start)

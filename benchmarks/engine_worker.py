@@ -1,0 +1,150 @@
+"""One engine, one fresh process: load, warm up, time each workload once, write a JSON result.
+
+Run by engine_throughput.py as: python engine_worker.py ENGINE SPEC.json OUT.json
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+
+WORKLOADS = ("c1", "c8", "c32")  # decode workloads: key -> prompts submitted at once
+
+
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_infragent(spec: dict) -> dict:
+    """Time infragent's LLM.generate on every workload."""
+    from infragent.engine.llm import LLM
+    from infragent.engine.sampling import SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(model="llama", max_num_seqs=32, max_num_batched_tokens=512, num_threads=spec["threads"])
+    result: dict = {"load_s": time.perf_counter() - start, "weight_nbytes": llm.engine.model.nbytes()}
+    llm.generate(spec["warmup"], SamplingParams(max_tokens=8, ignore_eos=True))
+    params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
+    samples, cached = {}, 0
+    for key in WORKLOADS:
+        prompts = spec["prompts"][key]
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        wall = time.perf_counter() - start
+        _check(outs, len(prompts), spec["max_tokens"])
+        samples[key] = sum(len(o.token_ids) for o in outs) / wall
+        cached += sum(o.num_cached_tokens for o in outs)
+        if key == "c1":
+            o = outs[0]
+            samples["c1_decode_only"] = (len(o.token_ids) - 1) / (o.finish_time - o.first_token_time)
+            result["c1_token_ids"] = o.token_ids
+    outs = llm.generate([spec["prefill_prompt"]], SamplingParams(max_tokens=1, ignore_eos=True))
+    samples["prefill"] = len(spec["prefill_prompt"]) / outs[0].ttft_s
+    result.update(samples=samples, num_cached_tokens=cached)
+    return result
+
+
+def _check(outs: list, n_prompts: int, max_tokens: int) -> None:
+    """Fail loudly if any request errored or stopped short."""
+    errors = [o.error for o in outs if getattr(o, "error", None)]
+    if errors or len(outs) != n_prompts or any(len(o.token_ids) != max_tokens for o in outs):
+        raise RuntimeError(f"bad outputs: {len(outs)}/{n_prompts} returned, errors={errors[:2]}, "
+                           f"lengths={sorted({len(o.token_ids) for o in outs})}")
+
+
+def run_transformers(spec: dict) -> dict:
+    """Time Hugging Face transformers batched greedy generate on the same GGUF."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(spec["threads"])
+    path = Path(spec["gguf_path"])
+    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 **{dtype_kw: torch.float32}).eval()
+    result: dict = {"load_s": time.perf_counter() - start}
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
+
+    def generate(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        width = max(len(p) for p in prompts)  # left padding, so every row ends at the same position
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
+                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        return out[:, width:].tolist()
+
+    generate(spec["warmup"], 8)
+    samples = {}
+    for key in WORKLOADS:
+        start = time.perf_counter()
+        rows = generate(spec["prompts"][key], spec["max_tokens"])
+        samples[key] = sum(len(r) for r in rows) / (time.perf_counter() - start)
+        if key == "c1":
+            result["c1_token_ids"] = rows[0]
+    start = time.perf_counter()
+    generate([spec["prefill_prompt"]], 1)
+    samples["prefill"] = len(spec["prefill_prompt"]) / (time.perf_counter() - start)
+    result["samples"] = samples
+    return result
+
+
+def run_llamacpp(spec: dict) -> dict:
+    """Time llama.cpp (llama-cpp-python) batch-1 greedy decode and one long prefill; it does not batch."""
+    from llama_cpp import Llama
+
+    threads = spec["threads"]
+    start = time.perf_counter()
+    llm = Llama(model_path=spec["gguf_path"], n_ctx=2048, n_batch=512, n_threads=threads,
+                n_threads_batch=threads, verbose=False)
+    result: dict = {"load_s": time.perf_counter() - start}
+
+    def decode(prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
+        llm.reset()
+        tokens, start = [], time.perf_counter()
+        first = start
+        for tok in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                repeat_penalty=1.0, reset=True):
+            tokens.append(int(tok))
+            if len(tokens) == 1:
+                first = time.perf_counter()
+            if len(tokens) >= new_tokens:
+                break
+        return tokens, first - start, time.perf_counter() - start
+
+    decode(spec["warmup"][0], 8)
+    tokens, ttft, wall = decode(spec["prompts"]["c1"][0], spec["max_tokens"])
+    samples = {"c1": len(tokens) / wall, "c1_decode_only": (len(tokens) - 1) / (wall - ttft)}
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(spec["prefill_prompt"])
+    samples["prefill"] = len(spec["prefill_prompt"]) / (time.perf_counter() - start)
+    result.update(samples=samples, c1_token_ids=tokens)
+    return result
+
+
+RUNNERS = {"infragent": run_infragent, "transformers": run_transformers, "llamacpp": run_llamacpp}
+
+
+def main() -> None:
+    """Run one engine per the spec file and write its result (or its error) as JSON."""
+    engine, spec_path, out_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    spec = json.loads(spec_path.read_text())
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
+    try:
+        result = RUNNERS[engine](spec)
+    except Exception as err:  # reported, not raised: the parent prints it and carries on
+        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+    result.update(engine=engine, peak_rss_bytes=_peak_rss_bytes())
+    out_path.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

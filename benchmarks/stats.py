@@ -1,0 +1,51 @@
+"""Median and percentile-bootstrap confidence intervals for small samples of benchmark timings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Summary:
+    """Median of raw samples with a bootstrap confidence interval."""
+
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def fmt(self, digits: int = 1) -> str:
+        """Render as 'median [lo, hi]'."""
+        if self.n == 0:
+            return "n/a"
+        return f"{self.median:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+
+
+def bootstrap_median(samples: list[float], confidence: float = 0.95, resamples: int = 10_000,
+                     seed: int = 0) -> Summary:
+    """Median of samples and a percentile-bootstrap CI of the median."""
+    data = np.asarray([s for s in samples if s is not None], dtype=float)
+    if data.size == 0:
+        return Summary(float("nan"), float("nan"), float("nan"), 0)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, data.size, size=(resamples, data.size))
+    medians = np.median(data[picks], axis=1)
+    tail = (1.0 - confidence) / 2 * 100
+    lo, hi = np.percentile(medians, [tail, 100 - tail])
+    return Summary(float(np.median(data)), float(lo), float(hi), int(data.size))
+
+
+def ratio_summary(num: list[float], den: list[float], confidence: float = 0.95, resamples: int = 10_000,
+                  seed: int = 0) -> Summary:
+    """Ratio of medians median(num)/median(den) with a bootstrap CI (both resampled independently)."""
+    a = np.asarray(num, dtype=float)
+    b = np.asarray(den, dtype=float)
+    if a.size == 0 or b.size == 0:
+        return Summary(float("nan"), float("nan"), float("nan"), 0)
+    rng = np.random.default_rng(seed)
+    ra = np.median(a[rng.integers(0, a.size, size=(resamples, a.size))], axis=1)
+    rb = np.median(b[rng.integers(0, b.size, size=(resamples, b.size))], axis=1)
+    tail = (1.0 - confidence) / 2 * 100
+    lo, hi = np.percentile(ra / rb, [tail, 100 - tail])
+    return Summary(float(np.median(a) / np.median(b)), float(lo), float(hi), int(min(a.size, b.size)))

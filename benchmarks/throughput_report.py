@@ -1,0 +1,130 @@
+"""Turn engine_throughput rounds into summaries (data) and render them as a text table (printing)."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from stats import Summary, bootstrap_median, ratio_summary
+
+COLUMNS = ("c1", "c8", "c32", "prefill")
+RSS_LIMIT_BYTES = 2e9
+
+
+def collect(rounds: list[dict], engine: str, key: str) -> list[float]:
+    """Raw per-round samples of one metric of one engine (rounds where it failed are left out)."""
+    out = []
+    for record in rounds:
+        result = record["engines"].get(engine, {})
+        value = result.get("samples", {}).get(key) if key != "rss" else result.get("peak_rss_bytes")
+        if value is not None and "error" not in result:
+            out.append(float(value))
+    return out
+
+
+def summarize(rounds: list[dict], engines: list[str], config: dict) -> dict:
+    """Medians, CIs, ratios, roofline and pass/fall-short targets, as plain JSON-able data."""
+    keys = COLUMNS + ("c1_decode_only", "rss")
+    table = {e: {k: asdict(bootstrap_median(collect(rounds, e, k))) for k in keys} for e in engines}
+    peaks = {k: [r["peaks"][k] for r in rounds] for k in ("gemv_fp32_bytes_per_s", "matmul_fp32_gflops",
+                                                          "copy_bytes_per_s")}
+    summary: dict = {"table": table, "peaks": {k: asdict(bootstrap_median(v)) for k, v in peaks.items()}}
+    if "infragent" in engines and "transformers" in engines:
+        summary["ratio_vs_transformers"] = {
+            k: asdict(ratio_summary(collect(rounds, "infragent", k), collect(rounds, "transformers", k)))
+            for k in COLUMNS}
+    nbytes = next((r["engines"]["infragent"].get("weight_nbytes") for r in rounds
+                   if "weight_nbytes" in r["engines"].get("infragent", {})), None)
+    if nbytes:
+        roofline = [bw / nbytes for bw in peaks["gemv_fp32_bytes_per_s"]]
+        decode = collect(rounds, "infragent", "c1_decode_only")
+        summary["roofline"] = {"weight_nbytes": nbytes, "tok_s": asdict(bootstrap_median(roofline)),
+                               "infragent_fraction": asdict(ratio_summary(decode, roofline))}
+    summary["greedy_agreement_c1"] = agreement(rounds, engines)
+    summary["targets"] = targets(summary)
+    return summary
+
+
+def agreement(rounds: list[dict], engines: list[str]) -> dict[str, list[int]]:
+    """Per round, how many leading c=1 greedy tokens each other engine shares with infragent."""
+    out: dict[str, list[int]] = {}
+    for other in (e for e in engines if e != "infragent"):
+        for record in rounds:
+            a = record["engines"].get("infragent", {}).get("c1_token_ids")
+            b = record["engines"].get(other, {}).get("c1_token_ids")
+            if a and b:
+                same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                out.setdefault(other, []).append(same)
+    return out
+
+
+def _verdict(summary_dict: dict | None, threshold: float, higher_is_better: bool = True) -> tuple[str, str]:
+    """('PASS'|'FALL SHORT'|'n/a', rendered median [CI]) for one target."""
+    if not summary_dict or summary_dict["n"] == 0:
+        return "n/a", "n/a"
+    s = Summary(**summary_dict)
+    ok = s.median >= threshold if higher_is_better else s.median <= threshold
+    return ("PASS" if ok else "FALL SHORT"), s.fmt(2)
+
+
+def targets(summary: dict) -> list[dict]:
+    """The four acceptance targets, each with its measured value and verdict."""
+    ratios = summary.get("ratio_vs_transformers", {})
+    rows = [("c=32 output tok/s >= 3x transformers", ratios.get("c32"), 3.0, True),
+            ("prefill tok/s >= transformers", ratios.get("prefill"), 1.0, True),
+            ("batch-1 decode >= 70% of GEMV roofline", summary.get("roofline", {}).get("infragent_fraction"),
+             0.70, True)]
+    rss = summary["table"].get("infragent", {}).get("rss")
+    rss_gb = {**rss, "median": rss["median"] / 1e9, "lo": rss["lo"] / 1e9, "hi": rss["hi"] / 1e9} if rss else None
+    rows.append(("infragent peak RSS (c=32 run) <= 2 GB", rss_gb, RSS_LIMIT_BYTES / 1e9, False))
+    out = []
+    for name, value, threshold, higher in rows:
+        verdict, shown = _verdict(value, threshold, higher)
+        out.append({"target": name, "measured": shown, "verdict": verdict})
+    return out
+
+
+def _cell(d: dict, scale: float = 1.0, digits: int = 1) -> str:
+    """Render a Summary dict, optionally rescaled."""
+    if d["n"] == 0:
+        return "n/a"
+    return Summary(d["median"] * scale, d["lo"] * scale, d["hi"] * scale, d["n"]).fmt(digits)
+
+
+def format_report(summary: dict, config: dict, env: dict) -> str:
+    """The human-readable report: environment, throughput table, ratios, roofline, targets."""
+    lines = [f"SmolLM2-135M fp32, {env['threads']} threads, {env['cpu_model']}, torch {env['torch']}, "
+             f"git {env['git_commit'][:10]}{' (dirty)' if env['git_dirty'] else ''}",
+             f"prompts {config['prompt_len']} tok, {config['max_tokens']} new tok (ignore_eos, greedy), "
+             f"prefill {config['prefill_len']} tok; {config['repeats']} rounds; load avg "
+             f"{env['loadavg_start'][0]:.1f} -> {env['loadavg_end'][0]:.1f}",
+             "tok/s as median [95% bootstrap CI]; c=N: N requests at once, generated tokens / wall time", ""]
+    header = f"{'engine':<13}" + "".join(f"{c:>22}" for c in ("c=1", "c=8", "c=32", "prefill")) + f"{'peak RSS MB':>22}"
+    lines.append(header)
+    for engine, row in summary["table"].items():
+        cells = [_cell(row[k]) for k in COLUMNS] + [_cell(row["rss"], 1e-6, 0)]
+        lines.append(f"{engine:<13}" + "".join(f"{c:>22}" for c in cells))
+    for engine, note in config["skipped"].items():
+        lines.append(f"{engine:<13}  {note}")
+    if "ratio_vs_transformers" in summary:
+        cells = [_cell(summary["ratio_vs_transformers"][k], digits=2) for k in COLUMNS]
+        lines.append(f"{'infragent/HF':<13}" + "".join(f"{c:>22}" for c in cells))
+    if "llamacpp" in summary["table"]:
+        lines.append("(llamacpp runs the GGUF's quantized weights natively and does not batch: c=1 and prefill "
+                     "only; infragent and transformers run fp32)")
+    lines.append("")
+    for engine, row in summary["table"].items():
+        if row["c1_decode_only"]["n"]:
+            lines.append(f"{engine} c=1 decode only (after first token): {_cell(row['c1_decode_only'])} tok/s")
+    p = summary["peaks"]
+    lines.append(f"machine: GEMV fp32 weight stream {_cell(p['gemv_fp32_bytes_per_s'], 1e-9, 2)} GB/s, "
+                 f"matmul fp32 {_cell(p['matmul_fp32_gflops'])} GFLOP/s, copy {_cell(p['copy_bytes_per_s'], 1e-9, 2)} GB/s")
+    if "roofline" in summary:
+        roof = summary["roofline"]
+        lines.append(f"batch-1 decode roofline = GEMV bandwidth / {roof['weight_nbytes'] / 1e6:.1f} MB of weights "
+                     f"= {_cell(roof['tok_s'])} tok/s; infragent reaches {_cell(roof['infragent_fraction'], 100, 0)} %")
+    for other, same in summary["greedy_agreement_c1"].items():
+        lines.append(f"greedy c=1 tokens identical to infragent before first divergence ({other}): "
+                     f"{same} of {config['max_tokens']} per round")
+    lines += ["", "targets (verdict on the median):"]
+    for t in summary["targets"]:
+        lines.append(f"  {t['verdict']:<11} {t['target']:<42} measured {t['measured']}")
+    return "\n".join(lines)
