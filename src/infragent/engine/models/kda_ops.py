@@ -113,10 +113,18 @@ def _intra_scores(q: Tensor, k: Tensor, eg: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _chunk_group(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, S: Tensor, out: Tensor,
-    C: int, scale: float, normalize_qk: bool,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    S: Tensor,
+    out: Tensor,
+    C: int,
+    scale: float,
+    normalize_qk: bool,
 ) -> None:
-    """Run consecutive chunks of token slices [t,H,...] from state S (updated in place); write o to out."""
+    """Run the chunks of token slices [t,H,...] starting from state S (updated in place); write o to out."""
     t, H, dk = k.shape
     dv = v.shape[-1]
     N = -(-t // C)
@@ -207,7 +215,10 @@ def kda_decode_step(
     scale: float | None = None,
     normalize_qk: bool = True,
 ) -> Tensor:
-    """One token for B sequences: q,k [B,H,dk], v [B,H,dv]; updates contiguous fp32 state [B,H,dk,dv] in place."""
+    """One token for B sequences: q,k [B,H,dk], v [B,H,dv] -> o [B,H,dv]; state [B,H,dk,dv] updated in place.
+
+    The state must be contiguous fp32 (it is viewed, never copied).
+    """
     B, H, dk = k.shape
     dv = v.shape[-1]
     if state.dtype != torch.float32 or not state.is_contiguous():
