@@ -21,6 +21,8 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.block_size = block_size
         self.layout = layout
+        # Decode gathers land in reused buffers: fresh multi-MB allocations fault in new pages every layer.
+        self._workspace = [torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype)]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their slots."""
@@ -33,9 +35,19 @@ class KVCache:
         shape = (heads, inputs.num_decodes, inputs.decode_context_len, dim)
         k, v = self._blocks(self.k[layer]), self._blocks(self.v[layer])
         if self.layout == "paged":  # whole blocks are copied, not single token rows
-            return k.index_select(1, inputs.decode_blocks).view(shape), v.index_select(1, inputs.decode_blocks).view(shape)
-        length = inputs.decode_context_len
-        return k[:, :, :length].index_select(1, inputs.decode_regions), v[:, :, :length].index_select(1, inputs.decode_regions)
+            index = inputs.decode_blocks
+        else:
+            k, v, index = k[:, :, :inputs.decode_context_len], v[:, :, :inputs.decode_context_len], inputs.decode_regions
+        return self._gather(0, k, index).view(shape), self._gather(1, v, index).view(shape)
+
+    def _gather(self, which: int, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """index_select along dim 1 into a reused workspace buffer."""
+        shape = (source.shape[0], index.numel(), *source.shape[2:])
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
+        if self._workspace[which].numel() < numel:
+            self._workspace[which] = torch.empty(numel, dtype=source.dtype)
+        out = self._workspace[which][:numel].view(shape)
+        return torch.index_select(source, 1, index, out=out)
 
     def _blocks(self, t: torch.Tensor) -> torch.Tensor:
         """A layer's storage viewed as [kv_heads, num_blocks, block_size, head_dim]."""
