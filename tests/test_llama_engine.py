@@ -46,6 +46,7 @@ def test_batched_greedy_equals_naive_recompute(llm, llama_weights):
     assert [o.error for o in outputs] == [None] * len(TEXTS)
     for out in outputs:
         assert len(out.token_ids) == 10
+        assert out.text == llm.tokenizer.decode(out.token_ids)  # streamed detokenization adds up
         assert_greedy_matches_reference(llama_weights, out.prompt_token_ids, out.token_ids)
 
 

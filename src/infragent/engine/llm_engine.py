@@ -7,6 +7,7 @@ import torch
 
 from infragent.engine.block_manager import BlockManager
 from infragent.engine.config import ConfigError, EngineConfig
+from infragent.engine.gguf_weights import read_gguf
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.hybrid import init_hybrid
@@ -26,9 +27,10 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         torch.set_num_threads(config.resolved_threads())
-        self.tokenizer = Tokenizer.from_gguf(config.gguf_path)
+        gguf = read_gguf(config.gguf_path)  # header parsed once, shared by tokenizer and weights
+        self.tokenizer = Tokenizer.from_reader(gguf)
         if config.model == "llama":
-            spec, weights = load_llama(config.gguf_path)
+            spec, weights = load_llama(gguf)
         else:
             spec, weights = init_hybrid(config.hybrid, self.tokenizer.vocab_size)
         self.spec = spec
@@ -51,7 +53,6 @@ class LLMEngine:
                                          spec.kda_head_k_dim, spec.kda_head_v_dim) if self.slots else None)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
         self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size)
-        self.sequences: dict[int, Sequence] = {}
 
     def _allocate_kv_cache(self, spec) -> tuple[KVCache, int, int]:
         cfg = self.config
@@ -86,8 +87,8 @@ class LLMEngine:
             raise RequestError(f"prompt: {len(token_ids)} tokens does not fit the context "
                                f"(max_model_len={self.max_model_len}, one position is needed to generate); "
                                f"shorten the prompt")
-        seq = Sequence(token_ids, params, request_id=request_id, prompt=text)
-        self.sequences[seq.seq_id] = seq
+        seq = Sequence(token_ids, params, request_id=request_id, prompt=text,
+                       detokenizer=self.tokenizer.detokenizer())
         self.scheduler.add(seq)
         return seq
 
@@ -111,6 +112,7 @@ class LLMEngine:
             if seq.first_token_time is None:
                 seq.first_token_time = now
             seq.output_token_ids.append(token)
+            seq.text += seq.detokenizer.add(token)
             reason = self._stop_reason(seq, token)
             if reason:
                 seq.finish_reason, seq.finish_time = reason, now
@@ -120,24 +122,24 @@ class LLMEngine:
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
-        if token == self.tokenizer.eos_token_id and not params.ignore_eos:
-            return "stop"
         if params.stop:
-            text = self.tokenizer.decode(seq.output_token_ids)
-            hits = [text.find(s) for s in params.stop if s in text]
+            hits = [seq.text.find(s) for s in params.stop if s in seq.text]
             if hits:
-                seq.text = text[:min(hits)]
+                seq.text = seq.text[:min(hits)]
                 return "stop"
-        if len(seq.output_token_ids) >= params.max_tokens or len(seq) >= self.max_model_len:
-            return "length"
-        return None
+        if token == self.tokenizer.eos_token_id and not params.ignore_eos:
+            reason = "stop"
+        elif len(seq.output_token_ids) >= params.max_tokens or len(seq) >= self.max_model_len:
+            reason = "length"
+        else:
+            return None
+        seq.text += seq.detokenizer.flush()
+        return reason
 
     def output(self, seq: Sequence) -> RequestOutput:
-        """The RequestOutput of a finished sequence (and forget it)."""
-        self.sequences.pop(seq.seq_id, None)
-        text = seq.text if seq.text is not None else self.tokenizer.decode(seq.output_token_ids)
+        """The RequestOutput of a finished sequence."""
         return RequestOutput(
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
-            token_ids=list(seq.output_token_ids), text=text, finish_reason=seq.finish_reason,
+            token_ids=list(seq.output_token_ids), text=seq.text, finish_reason=seq.finish_reason,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time,
             num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions)

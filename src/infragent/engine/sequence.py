@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from infragent.engine.detokenizer import IncrementalDetokenizer
 from infragent.engine.sampling import SamplingParams
 
 _ids = itertools.count()
@@ -35,7 +36,8 @@ class Sequence:
     state_slot: int | None = None
     num_preemptions: int = 0
     finish_reason: str | None = None
-    text: str | None = None  # set when a stop string cut the output
+    text: str = ""  # detokenized output so far (cut at a stop string when one matched)
+    detokenizer: IncrementalDetokenizer | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -65,15 +65,16 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_s
     n, heads, _ = q.shape
     kv_heads, length, _ = k.shape
     group = heads // kv_heads
-    k = k.repeat_interleave(group, dim=0)
-    v = v.repeat_interleave(group, dim=0)
-    q = q.transpose(0, 1)
+    # 4-D [1, H, L, d] inputs select torch's fused CPU (flash) kernel; 3-D falls back to the math path.
+    k = k.repeat_interleave(group, dim=0).unsqueeze(0)
+    v = v.repeat_interleave(group, dim=0).unsqueeze(0)
+    q = q.transpose(0, 1).unsqueeze(0)
     if context_start == 0:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
     else:
         allowed = torch.arange(length) <= (context_start + torch.arange(n)).unsqueeze(1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 class Attention:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from infragent.engine.gguf_weights import LlamaGGUFConfig, load_llama_gguf
+from infragent.engine.gguf_weights import GGUFFile, LlamaGGUFConfig, load_llama_gguf
 from infragent.engine.models.spec import ModelSpec
 
 
@@ -19,7 +19,7 @@ def llama_spec(cfg: LlamaGGUFConfig) -> ModelSpec:
         tie_word_embeddings=cfg.tie_word_embeddings)
 
 
-def load_llama(path: str | Path | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+def load_llama(path: str | Path | GGUFFile | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """Spec and fp32 weights (HF names) of the GGUF llama model."""
     cfg, weights = load_llama_gguf(path)
     return llama_spec(cfg), weights
