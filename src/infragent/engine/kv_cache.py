@@ -7,16 +7,18 @@ from infragent.engine.step_inputs import PrefillChunk, StepInputs
 
 
 class KVCache:
-    """Per attention layer, K and V stored head-major as [kv_heads, num_blocks * block_size, head_dim].
+    """Per attention layer, K and V stored block-major as [num_blocks, kv_heads, block_size, head_dim].
 
-    Head-major storage lets decode attention batch its matmuls over (kv_head, sequence) with no
-    transposing copy. Paged layout gathers a sequence's context block by block through its block
-    table; contiguous layout gives each sequence one region of max_model_len slots and slices it.
+    A block holds every head's keys for block_size consecutive tokens, each head's slice a contiguous
+    [block_size, head_dim] matrix: decode gathers whole blocks with one row copy each, and attention
+    multiplies against the gathered blocks in place, with no transposing copy. Paged layout finds a
+    sequence's blocks through its block table; contiguous layout gives each sequence one block of
+    max_model_len tokens (its region) and slices it.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, layout: str) -> None:
-        shape = (num_kv_heads, num_blocks * block_size, head_dim)
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.block_size = block_size
@@ -24,42 +26,42 @@ class KVCache:
         # Decode gathers land in reused buffers: fresh multi-MB allocations fault in new pages every layer.
         self._workspace = [torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype)]
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Store this step's K/V rows ([T, kv_heads, head_dim]) at their slots."""
-        self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
-        self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
+        """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
+        self.k[layer][inputs.slot_blocks, :, inputs.slot_offsets] = k
+        self.v[layer][inputs.slot_blocks, :, inputs.slot_offsets] = v
 
     def decode_context(self, layer: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of every decode's context, padded: [kv_heads, B, L, head_dim]."""
-        heads, _, dim = self.k[layer].shape
-        shape = (heads, inputs.num_decodes, inputs.decode_context_len, dim)
-        k, v = self._blocks(self.k[layer]), self._blocks(self.v[layer])
-        if self.layout == "paged":  # whole blocks are copied, not single token rows
+        """K and V of every decode's context as blocks: [B, blocks, kv_heads, block_len, head_dim]."""
+        k, v = self.k[layer], self.v[layer]
+        if self.layout == "paged":
             index = inputs.decode_blocks
         else:
-            k, v, index = k[:, :, :inputs.decode_context_len], v[:, :, :inputs.decode_context_len], inputs.decode_regions
-        return self._gather(0, k, index).view(shape), self._gather(1, v, index).view(shape)
+            length = inputs.decode_context_len
+            k, v, index = k[:, :, :length], v[:, :, :length], inputs.decode_regions
+        batch = inputs.num_decodes
+        k, v = self._gather(0, k, index), self._gather(1, v, index)
+        return k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:])
 
     def _gather(self, which: int, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """index_select along dim 1 into a reused workspace buffer."""
-        shape = (source.shape[0], index.numel(), *source.shape[2:])
+        """index_select of whole blocks into a reused workspace buffer."""
+        shape = (index.numel(), *source.shape[1:])
         numel = shape[0] * shape[1] * shape[2] * shape[3]
         if self._workspace[which].numel() < numel:
             self._workspace[which] = torch.empty(numel, dtype=source.dtype)
-        out = self._workspace[which][:numel].view(shape)
-        return torch.index_select(source, 1, index, out=out)
-
-    def _blocks(self, t: torch.Tensor) -> torch.Tensor:
-        """A layer's storage viewed as [kv_heads, num_blocks, block_size, head_dim]."""
-        return t.view(t.shape[0], -1, self.block_size, t.shape[2])
+        return torch.index_select(source, 0, index, out=self._workspace[which][:numel].view(shape))
 
     def chunk_context(self, layer: int, chunk: PrefillChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of a prefill chunk's whole context (cached prefix plus chunk): [kv_heads, L, head_dim]."""
-        if self.layout == "paged":
-            return self.k[layer][:, chunk.context_slots], self.v[layer][:, chunk.context_slots]
-        start = chunk.region * self.block_size
-        end = start + chunk.context_start + chunk.length
-        return self.k[layer][:, start:end], self.v[layer][:, start:end]
+        length = chunk.context_start + chunk.length
+        if self.layout == "contiguous":
+            return self.k[layer][chunk.region, :, :length], self.v[layer][chunk.region, :, :length]
+
+        def tokens(cache: torch.Tensor) -> torch.Tensor:
+            blocks = cache.index_select(0, chunk.context_blocks)  # [nb, kv_heads, bs, d]
+            return blocks.transpose(0, 1).reshape(blocks.shape[1], -1, blocks.shape[3])[:, :length]
+
+        return tokens(self.k[layer]), tokens(self.v[layer])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -12,11 +12,6 @@ from infragent.engine.state_slots import StateSlots
 from infragent.engine.step_inputs import PrefillChunk, StepInputs
 
 
-def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slot of each position given a block table (works batched over a leading dimension)."""
-    return block_table[..., positions // block_size] * block_size + positions % block_size
-
-
 class ModelRunner:
     """Owns the model and its caches; one call to run() is one engine step."""
 
@@ -38,7 +33,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[torch.Tensor] = []
-        slot_mapping: list[torch.Tensor] = []
+        slot_blocks: list[torch.Tensor] = []
         prefills: list[PrefillChunk] = []
         logits_rows: list[int] = []
         sampled_seqs: list[Sequence] = []
@@ -48,15 +43,16 @@ class ModelRunner:
             pos = torch.arange(start, start + n)
             table = torch.tensor(seq.block_table)
             positions.append(pos)
-            slot_mapping.append(_slots(table, pos, bs))
+            slot_blocks.append(table[pos // bs])
             if n > 1:
-                context = _slots(table, torch.arange(start + n), bs) if self.paged and start else None
+                context = table if self.paged and start else None
                 prefills.append(PrefillChunk(row, n, start, context, seq.block_table[0], seq.state_slot))
             if start + n == len(seq):
                 logits_rows.append(row + n - 1)
                 sampled_seqs.append(seq)
         inputs = StepInputs(
-            input_ids=torch.tensor(input_ids), positions=torch.cat(positions), slot_mapping=torch.cat(slot_mapping),
+            input_ids=torch.tensor(input_ids), positions=torch.cat(positions),
+            slot_blocks=torch.cat(slot_blocks), slot_offsets=torch.cat(positions) % bs,
             num_decodes=num_decodes, decode_blocks=None, decode_regions=None, decode_mask=None, decode_context_len=0,
             decode_state_slots=None, prefills=prefills, logits_rows=torch.tensor(logits_rows, dtype=torch.long))
         if num_decodes:
@@ -76,7 +72,7 @@ class ModelRunner:
         if int(lengths.min()) != inputs.decode_context_len:
             pad = torch.arange(inputs.decode_context_len) >= lengths.unsqueeze(1)
             mask = torch.zeros(pad.shape, dtype=self.model.embed.dtype).masked_fill_(pad, float("-inf"))
-            inputs.decode_mask = mask[None, :, None, :]  # broadcast over [kv_heads, B, group, L]
+            inputs.decode_mask = mask
         if self.slots is not None:
             inputs.decode_state_slots = torch.tensor([s.state_slot for s in seqs])
 

@@ -13,7 +13,7 @@ class PrefillChunk:
     start: int  # first row in the flattened token batch
     length: int
     context_start: int  # tokens of this sequence already in the cache before this chunk
-    context_slots: torch.Tensor | None  # cache slots of all context_start+length tokens (paged layout)
+    context_blocks: torch.Tensor | None  # block table covering the context, when context_start > 0 (paged)
     region: int  # the sequence's region (contiguous layout) / first block
     state_slot: int | None  # KDA state slot
 
@@ -24,11 +24,12 @@ class StepInputs:
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    slot_mapping: torch.Tensor  # [T] cache slot each token's K/V is written to
+    slot_blocks: torch.Tensor  # [T] cache block each token's K/V is written to
+    slot_offsets: torch.Tensor  # [T] position inside that block
     num_decodes: int
     decode_blocks: torch.Tensor | None  # [B * width] block ids of each decode's padded block table (paged)
     decode_regions: torch.Tensor | None  # [B] region of each decode (contiguous)
-    decode_mask: torch.Tensor | None  # [1, B, 1, L] additive mask over gathered positions; None if none padded
+    decode_mask: torch.Tensor | None  # [B, L] additive mask over gathered positions; None if none padded
     decode_context_len: int  # L: positions gathered per decode
     decode_state_slots: torch.Tensor | None  # [B] KDA slots
     prefills: list[PrefillChunk] = field(default_factory=list)

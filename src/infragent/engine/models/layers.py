@@ -48,15 +48,21 @@ class GatedMLP:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Single-query GQA attention: q [B, H, d] (pre-scaled) over k, v [kv_heads, B, L, d]."""
+    """Single-query GQA attention of q [B, H, d] (pre-scaled) over blocked k, v [B, blocks, kv_heads, bs, d].
+
+    Scores are computed block by block against the gathered blocks in place; the softmax runs jointly
+    over all blocks; the value sum is a per-block product reduced over blocks. mask is [B, blocks * bs].
+    """
     batch, heads, dim = q.shape
-    kv_heads = k.shape[0]
-    qg = q.view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)  # [kv_heads, B, group, d]
-    scores = torch.matmul(qg, k.transpose(-1, -2))
+    _, blocks, kv_heads, block_len, _ = k.shape
+    group = heads // kv_heads
+    qg = q.view(batch, 1, kv_heads, group, dim)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).permute(0, 2, 3, 1, 4)  # [B, kv_heads, group, blocks, bs]
+    scores = scores.reshape(batch, kv_heads, group, blocks * block_len)
     if mask is not None:
-        scores = scores + mask
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, v).transpose(0, 1).reshape(batch, heads, dim)
+        scores = scores + mask[:, None, None, :]
+    probs = torch.softmax(scores, dim=-1).view(batch, kv_heads, group, blocks, block_len).permute(0, 3, 1, 2, 4)
+    return torch.matmul(probs, v).sum(1).reshape(batch, heads, dim)
 
 
 def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_start: int) -> torch.Tensor:
@@ -96,7 +102,7 @@ class Attention:
         q = self.rotary(q.view(tokens, h, d), inputs.rope_cos, inputs.rope_sin).mul_(self.scale)
         k = self.rotary(k.view(tokens, kvh, d), inputs.rope_cos, inputs.rope_sin)
         v = v.reshape(tokens, kvh, d)
-        cache.write(self.cache_layer, k, v, inputs.slot_mapping)
+        cache.write(self.cache_layer, k, v, inputs)
         nd = inputs.num_decodes
         if nd == tokens:
             out = decode_attention(q, *cache.decode_context(self.cache_layer, inputs), inputs.decode_mask)
