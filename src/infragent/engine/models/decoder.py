@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.kda_layer import KDA
-from infragent.engine.models.layers import Attention, GatedMLP, Rotary, rms_norm
+from infragent.engine.models.layers import Attention, GatedMLP, Linear, Rotary, rms_norm
 from infragent.engine.models.spec import ModelSpec
 from infragent.engine.step_inputs import StepInputs
 
@@ -19,7 +19,8 @@ class DecoderModel:
         w = {name: t.to(dtype) if t.is_floating_point() and name.split(".")[-1] not in ("A_log", "dt_bias") else t
              for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
-        self.lm_head = self.embed if spec.tie_word_embeddings else w["lm_head.weight"]
+        # Tied or not, the LM head keeps its own transposed copy (see Linear); the embedding stays row-major.
+        self.lm_head = Linear(self.embed if spec.tie_word_embeddings else w["lm_head.weight"])
         self.final_norm = w["model.norm.weight"]
         self.rotary = rotary = Rotary(spec.head_dim, spec.rope_theta, spec.max_position_embeddings, dtype)
         self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP]] = []
@@ -57,18 +58,13 @@ class DecoderModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [N, vocab] (fp32) for the given hidden rows."""
-        return F.linear(rms_norm(hidden, self.final_norm, self.spec.rms_eps), self.lm_head).float()
+        return self.lm_head(rms_norm(hidden, self.final_norm, self.spec.rms_eps)).float()
 
     def nbytes(self) -> int:
-        """Bytes of weights one forward streams (the LM head counted once even when tied)."""
-        seen: set[int] = set()
-        total = 0
-        tensors = [self.embed, self.lm_head, self.final_norm]
+        """Bytes of weights one decode step streams: every linear, norm and the LM head (not the embedding)."""
+        tensors = [self.lm_head.weight_t, self.final_norm]
         for norm_in, mixer, norm_post, mlp in self.layers:
-            tensors += [norm_in, norm_post, mlp.gate_up, mlp.down]
-            tensors += [mixer.qkv, mixer.o] if isinstance(mixer, Attention) else [mixer.w_in, mixer.o_proj]
-        for t in tensors:
-            if t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-        return total
+            tensors += [norm_in, norm_post, mlp.gate_up.weight_t, mlp.down.weight_t]
+            linears = [mixer.qkv, mixer.o] if isinstance(mixer, Attention) else [mixer.w_in, mixer.o_proj]
+            tensors += [linear.weight_t for linear in linears]
+        return sum(t.numel() * t.element_size() for t in tensors)

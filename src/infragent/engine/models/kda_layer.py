@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from infragent.engine.kv_cache import KDAStateCache
 from infragent.engine.models.kda_ops import kda_chunked, kda_decode_step, kda_gate
-from infragent.engine.models.layers import rms_norm
+from infragent.engine.models.layers import Linear, rms_norm
 from infragent.engine.step_inputs import StepInputs
 
 
@@ -16,12 +15,12 @@ class KDA:
     def __init__(self, w: dict[str, torch.Tensor], num_heads: int, dk: int, dv: int, rms_eps: float,
                  chunk_size: int, state_layer: int) -> None:
         names = ("q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "g_out_proj")
-        self.w_in = torch.cat([w[n] for n in names], dim=0).contiguous()
+        self.w_in = Linear(torch.cat([w[n] for n in names], dim=0))
         self.splits = [num_heads * dk, num_heads * dk, num_heads * dv, num_heads * dk, num_heads, num_heads * dv]
         self.A_log = w["A_log"].float()
         self.dt_bias = w["dt_bias"].float().view(num_heads, dk)
         self.o_norm = w["o_norm"]
-        self.o_proj = w["o_proj"].contiguous()
+        self.o_proj = Linear(w["o_proj"])
         self.h, self.dk, self.dv = num_heads, dk, dv
         self.eps = rms_eps
         self.chunk_size = chunk_size
@@ -30,7 +29,7 @@ class KDA:
     def __call__(self, x: torch.Tensor, inputs: StepInputs, states: KDAStateCache) -> torch.Tensor:
         tokens = x.shape[0]
         h, dk, dv = self.h, self.dk, self.dv
-        q, k, v, xg, b, out_gate = F.linear(x, self.w_in).split(self.splits, dim=-1)
+        q, k, v, xg, b, out_gate = self.w_in(x).split(self.splits, dim=-1)
         q, k, v = q.reshape(tokens, h, dk), k.reshape(tokens, h, dk), v.reshape(tokens, h, dv)
         g = kda_gate(xg.reshape(tokens, h, dk), self.A_log, self.dt_bias)
         beta = torch.sigmoid(b.float())
@@ -49,4 +48,4 @@ class KDA:
                                            initial_state=initial, chunk_size=self.chunk_size)
             state[chunk.state_slot] = final
         gated = rms_norm(out, self.o_norm.float(), self.eps) * torch.sigmoid(out_gate.float().view(tokens, h, dv))
-        return F.linear(gated.to(x.dtype).reshape(tokens, h * dv), self.o_proj)
+        return self.o_proj(gated.to(x.dtype).reshape(tokens, h * dv))
