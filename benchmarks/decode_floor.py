@@ -1,0 +1,71 @@
+"""The GEMM-only floor of one decode step: every linear of SmolLM2-135M plus the LM head, nothing else.
+
+Compares it with a real engine decode step at the same batch size, so the gap is the cost of
+everything that is not a weight GEMM (attention, norms, rotary, KV writes, sampling, Python).
+    PYTHONPATH=src .venv/bin/python benchmarks/decode_floor.py [--batch 1 32] [--rounds 20]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from infragent.engine.llm import LLM
+from infragent.engine.sampling import SamplingParams
+
+
+def gemm_only_step(llm: LLM, x: torch.Tensor) -> None:
+    """Apply every linear of the model (and the LM head) to x, in layer order."""
+    model = llm.engine.model
+    inter = model.spec.intermediate_size
+    for _, mixer, _, mlp in model.layers:
+        mixer.qkv(x)
+        mixer.o(x)
+        mlp.down(mlp.gate_up(x)[:, :inter])
+    model.lm_head(x)
+
+
+def engine_step_ms(llm: LLM, batch: int, steps: int) -> list[float]:
+    """Per-step wall times of real decode steps with `batch` sequences 128 tokens into their context."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(batch):
+        llm.engine.add_request(torch.randint(100, 40000, (128,), generator=gen).tolist(),
+                               SamplingParams(max_tokens=steps + 2, ignore_eos=True))
+    llm.engine.step()  # prefill
+    llm.engine.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        llm.engine.step()
+        times.append((time.perf_counter() - start) * 1e3)
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    return times
+
+
+def main() -> None:
+    """Print GEMM-only and real decode-step medians per batch size."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args()
+    llm = LLM(model="llama", enable_prefix_caching=False, max_num_batched_tokens=4096)
+    nbytes = llm.engine.model.nbytes()
+    for batch in args.batch:
+        x = torch.randn(batch, llm.engine.spec.hidden_size)
+        gemm_only_step(llm, x)
+        floor = []
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            gemm_only_step(llm, x)
+            floor.append((time.perf_counter() - start) * 1e3)
+        real = engine_step_ms(llm, batch, args.rounds)
+        f, r = statistics.median(floor), statistics.median(real)
+        print(f"batch {batch:3d}: GEMM-only {f:6.1f} ms ({nbytes / f / 1e6:.1f} GB/s of weights)   "
+              f"engine step {r:6.1f} ms   non-GEMM share {1 - f / r:.0%}")
+
+
+if __name__ == "__main__":
+    main()
