@@ -32,29 +32,28 @@ class ModelRunner:
         num_decodes = sum(1 for n in counts if n == 1)
         bs = self.block_size
         input_ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        slot_blocks: list[torch.Tensor] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
         prefills: list[PrefillChunk] = []
         logits_rows: list[int] = []
         sampled_seqs: list[Sequence] = []
         for seq, n in zip(seqs, counts):
-            start, row = seq.num_computed_tokens, len(input_ids)
+            start, row, table = seq.num_computed_tokens, len(input_ids), seq.block_table
             input_ids.extend(seq.token_ids[start:start + n])
-            pos = torch.arange(start, start + n)
-            table = torch.tensor(seq.block_table)
-            positions.append(pos)
-            slot_blocks.append(table[pos // bs])
+            positions.extend(range(start, start + n))
+            slot_blocks.extend(table[p // bs] for p in range(start, start + n))
             if n > 1:
-                context = table if self.paged and start else None
-                prefills.append(PrefillChunk(row, n, start, context, seq.block_table[0], seq.state_slot))
+                context = torch.tensor(table) if self.paged and start else None
+                prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot))
             if start + n == len(seq):
                 logits_rows.append(row + n - 1)
                 sampled_seqs.append(seq)
+        position_tensor = torch.tensor(positions)
         inputs = StepInputs(
-            input_ids=torch.tensor(input_ids), positions=torch.cat(positions),
-            slot_blocks=torch.cat(slot_blocks), slot_offsets=torch.cat(positions) % bs,
-            num_decodes=num_decodes, decode_blocks=None, decode_regions=None, decode_mask=None, decode_context_len=0,
-            decode_state_slots=None, prefills=prefills, logits_rows=torch.tensor(logits_rows, dtype=torch.long))
+            input_ids=torch.tensor(input_ids), positions=position_tensor, slot_blocks=torch.tensor(slot_blocks),
+            slot_offsets=position_tensor % bs, num_decodes=num_decodes, decode_blocks=None, decode_regions=None,
+            decode_mask=None, decode_context_len=0, decode_state_slots=None, prefills=prefills,
+            logits_rows=torch.tensor(logits_rows, dtype=torch.long))
         if num_decodes:
             self._prepare_decodes(inputs, seqs[:num_decodes])
         return inputs, sampled_seqs
