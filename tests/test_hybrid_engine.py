@@ -82,3 +82,25 @@ def test_same_seed_same_model_different_seed_different_model():
     wa, wa2, wb = init_hybrid(spec_a, 100)[1], init_hybrid(spec_a, 100)[1], init_hybrid(spec_b, 100)[1]
     name = "model.layers.0.kda.q_proj.weight"
     assert torch.equal(wa[name], wa2[name]) and not torch.equal(wa[name], wb[name])
+
+
+def test_preemption_resets_kda_state_and_recomputes_the_same_tokens():
+    # 6 blocks of 8 tokens for 3 sequences that each grow past 16 tokens: someone must be preempted,
+    # and its KDA state slot is handed back and zeroed before the recompute.
+    per_token = 2 * 2 * SMALL.num_kv_heads * SMALL.head_dim * 4  # two attention layers
+    tight = LLM(model="hybrid", hybrid=SMALL, kv_cache_gb=6 * 8 * per_token / 1e9, block_size=8,
+                max_model_len=48, max_num_seqs=3)
+    roomy = LLM(model="hybrid", hybrid=SMALL, max_model_len=48, max_num_seqs=3)
+    prompts = [list(range(5, 5 + n)) for n in (9, 12, 14)]
+    squeezed = run(tight, prompts, 10)
+    assert sum(o.num_preemptions for o in squeezed) > 0
+    assert [o.token_ids for o in squeezed] == [o.token_ids for o in run(roomy, prompts, 10)]
+
+
+def test_a_reused_state_slot_starts_from_zero():
+    # A one-token prompt takes the decode path from its first token, so it reads its slot's state:
+    # that slot must be zeroed after the previous owner left it dirty.
+    used = LLM(model="hybrid", hybrid=SMALL, max_num_seqs=1, max_model_len=64)
+    run(used, [PROMPTS[-1]], 4)
+    fresh = LLM(model="hybrid", hybrid=SMALL, max_num_seqs=1, max_model_len=64)
+    assert run(used, [[7]], 6)[0].token_ids == run(fresh, [[7]], 6)[0].token_ids
