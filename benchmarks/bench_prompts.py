@@ -30,18 +30,10 @@ def corpus_text() -> str:
 
 
 def encode_corpus(gguf_path: str) -> tuple[list[int], str]:
-    """Token ids of the corpus, with infragent's tokenizer or else transformers' GGUF tokenizer."""
-    text = corpus_text()
-    try:
-        from infragent.engine.tokenizer import Tokenizer
-        return Tokenizer.from_gguf(gguf_path).encode(text), "infragent"
-    except Exception as err:  # the engine tokenizer may be missing; the vocabulary is the same
-        print(f"note: infragent tokenizer unavailable ({type(err).__name__}: {err}); "
-              f"using transformers' GGUF tokenizer", file=sys.stderr)
-    from transformers import AutoTokenizer
-    path = Path(gguf_path)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return tok.encode(text, add_special_tokens=False), "transformers"
+    """Token ids of the corpus with infragent's GGUF tokenizer (the vocabulary every engine shares)."""
+    from infragent.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(gguf_path).encode(corpus_text()), "infragent"
 
 
 @dataclass
