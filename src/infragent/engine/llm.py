@@ -7,6 +7,7 @@ from infragent.engine.config import EngineConfig, HybridConfig
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.outputs import RequestOutput
 from infragent.engine.sampling import RequestError, SamplingParams
+from infragent.engine.tokenizer import Tokenizer
 
 
 class LLM:
@@ -17,7 +18,8 @@ class LLM:
         self.engine = LLMEngine(config)
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (encode, decode, chat template)."""
         return self.engine.tokenizer
 
     def generate(self, prompts: str | Seq[str] | Seq[list[int]],

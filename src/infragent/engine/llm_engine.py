@@ -12,6 +12,7 @@ from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.hybrid import init_hybrid
 from infragent.engine.models.llama import load_llama
+from infragent.engine.models.spec import ModelSpec
 from infragent.engine.outputs import RequestOutput
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import RequestError, SamplingParams
@@ -54,7 +55,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
         self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size)
 
-    def _allocate_kv_cache(self, spec) -> tuple[KVCache, int, int]:
+    def _allocate_kv_cache(self, spec: ModelSpec) -> tuple[KVCache, int, int]:
+        """Size the attention KV cache from kv_cache_gb; returns (cache, block_size, num_blocks)."""
         cfg = self.config
         element = torch.finfo(cfg.torch_dtype).bits // 8
         per_token = max(spec.kv_bytes_per_token(element), 1)
@@ -93,6 +95,7 @@ class LLMEngine:
         return seq
 
     def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
         return self.scheduler.has_work()
 
     def step(self) -> list[Sequence]:
