@@ -23,8 +23,6 @@ class BlockManager:
         self.block_of_hash: dict[int, int] = {}
         # Free blocks in LRU order; cached content stays findable until the block is reused.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-        self.prefix_hits = 0
-        self.prefix_queries = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,12 +55,10 @@ class BlockManager:
         max_blocks = (len(prompt) - 1) // self.block_size
         parent: int | None = None
         for i in range(max_blocks):
-            self.prefix_queries += 1
             h = block_hash(parent, prompt[i * self.block_size:(i + 1) * self.block_size])
             block = self.block_of_hash.get(h)
             if block is None:
                 break
-            self.prefix_hits += 1
             if self.ref_counts[block] == 0:
                 del self.free[block]
             self.ref_counts[block] += 1

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -83,8 +83,3 @@ class EngineConfig:
     def resolved_threads(self) -> int:
         """Threads torch should use."""
         return self.num_threads or len(os.sched_getaffinity(0))
-
-    @classmethod
-    def knob_names(cls) -> list[str]:
-        """Names of the scalar knobs (everything but the nested hybrid sizes)."""
-        return [f.name for f in fields(cls) if f.name != "hybrid"]

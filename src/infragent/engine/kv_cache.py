@@ -63,8 +63,6 @@ class KVCache:
 
         return tokens(self.k[layer]), tokens(self.v[layer])
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
 class KDAStateCache:
@@ -79,6 +77,3 @@ class KDAStateCache:
             index = torch.tensor(slots)
             for s in self.states:
                 s.index_fill_(0, index, 0.0)
-
-    def nbytes(self) -> int:
-        return sum(s.numel() * s.element_size() for s in self.states)

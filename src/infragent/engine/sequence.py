@@ -62,7 +62,3 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         """Tokens whose KV/state is not yet in the cache (prompt remainder, or the last sampled token)."""
         return len(self) - self.num_computed_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
