@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stats import ratio_summary  # noqa: E402
+from infragent.analysis.stats import ratio_summary  # noqa: E402
 
 
 def sweep(fn, weights: list[torch.Tensor]) -> float:

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stats import bootstrap_median, ratio_summary  # noqa: E402
+from infragent.analysis.stats import bootstrap_median, ratio_summary  # noqa: E402
 
 # (M, K, N): x[M, K] @ W[K, N]. 576x1536 is SmolLM2-135M's MLP up-projection.
 SHAPES = [(512, 576, 1536), (1, 576, 1536), (1, 8192, 16384)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from stats import Summary, bootstrap_median, ratio_summary
+from infragent.analysis.stats import Summary, bootstrap_median, ratio_summary
 
 COLUMNS = ("c1", "c8", "c32", "prefill")
 RSS_LIMIT_BYTES = 2e9

@@ -62,6 +62,99 @@ def generate(
         raise typer.Exit(2)
 
 
+def _emit(feedback, as_json: bool) -> None:
+    """Print a probe's Feedback (JSON or text) and exit 1 when its verdict is fail."""
+    typer.echo(feedback.to_json() if as_json else feedback.render())
+    if feedback.verdict == "fail":
+        raise typer.Exit(1)
+
+
+def _resolve(name: str, what: str):
+    from infragent.probes.callables import CallableError, resolve
+
+    try:
+        return resolve(name, what)
+    except CallableError as err:
+        _fail(str(err))
+
+
+@app.command()
+def check(
+    candidate: str = typer.Argument(..., help="module:function under test."),
+    reference: str = typer.Option(..., "--reference", help="module:function giving the right answer."),
+    inputs: str = typer.Option(..., "--inputs", help="module:function (trial, generator) -> arguments."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="e.g. column:4, row:4, heads:4:dim=1, splitk:4, batch:2."),
+    trials: int = typer.Option(24, "--trials", help="Random input draws (fresh inputs each)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Compare a candidate with a reference over fresh random inputs; localize where they differ."""
+    from infragent.probes.check import PartitionError, run_check
+
+    cand, ref, factory = _resolve(candidate, "candidate"), _resolve(reference, "--reference"), _resolve(inputs, "--inputs")
+    try:
+        feedback = run_check(cand, ref, factory, partition=partition, trials=trials)
+    except PartitionError as err:
+        _fail(str(err))
+        return
+    _emit(feedback, as_json)
+
+
+@app.command()
+def bench(
+    fn: str = typer.Argument(..., help="module:function to time."),
+    vs: Optional[str] = typer.Option(None, "--vs", help="module:function to compare against (A/B, interleaved)."),
+    inputs: Optional[str] = typer.Option(None, "--inputs", help="module:function (trial, generator) -> arguments."),
+    budget_s: float = typer.Option(2.0, "--budget-s", help="Most seconds of measuring."),
+    threads: int = typer.Option(2, "--threads", help="torch threads, fixed during the run."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Time a callable (or A/B two) with calibrated loops, repeats and a bootstrap CI."""
+    from infragent.probes.bench import run_bench
+
+    a = _resolve(fn, "function")
+    b = _resolve(vs, "--vs") if vs else None
+    factory = _resolve(inputs, "--inputs") if inputs else None
+    _emit(run_bench(a, b, factory, budget_s=budget_s, threads=threads, names=(fn, vs)), as_json)
+
+
+@app.command()
+def record(
+    workload: str = typer.Argument(..., help="module:function to run while recording spans."),
+    output: str = typer.Option("trace.json", "-o", "--output", help="Chrome trace JSON (opens in Perfetto)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Run a workload with the span recorder on and write a Chrome trace."""
+    from infragent.probes.record import run_record
+
+    _emit(run_record(_resolve(workload, "workload"), output), as_json)
+
+
+@app.command()
+def gil(
+    workload: str = typer.Argument(..., help="module:function that runs a multi-threaded workload."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Measure, per thread and span, how long each thread held or waited for the GIL."""
+    from infragent.probes.gil import run_gil
+
+    _resolve(workload, "workload")
+    _emit(run_gil(workload), as_json)
+
+
+@app.command()
+def roofline(
+    fn: str = typer.Argument(..., help="module:function to classify."),
+    inputs: str = typer.Option(..., "--inputs", help="module:function (trial, generator) -> arguments."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="module:function doing only the useful work."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Count FLOPs and bytes, time the call, and say what bounds it (compute, memory or overhead)."""
+    from infragent.probes.roofline import run_roofline
+
+    ref = _resolve(reference, "--reference") if reference else None
+    _emit(run_roofline(_resolve(fn, "function"), _resolve(inputs, "--inputs"), reference=ref), as_json)
+
+
 @app.command()
 def version() -> None:
     """Print the infragent version."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from infragent.engine.step_inputs import PrefillChunk, StepInputs
+from infragent.trace import span
 
 
 class KVCache:
@@ -28,8 +29,9 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
-        self.k[layer][inputs.slot_blocks, :, inputs.slot_offsets] = k
-        self.v[layer][inputs.slot_blocks, :, inputs.slot_offsets] = v
+        with span("kv.write", layer=layer, tokens=k.shape[0]):
+            self.k[layer][inputs.slot_blocks, :, inputs.slot_offsets] = k
+            self.v[layer][inputs.slot_blocks, :, inputs.slot_offsets] = v
 
     def decode_context(self, layer: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every decode's context as blocks: [B, blocks, kv_heads, block_len, head_dim]."""
@@ -40,7 +42,8 @@ class KVCache:
             length = inputs.decode_context_len
             k, v, index = k[:, :, :length], v[:, :, :length], inputs.decode_regions
         batch = inputs.num_decodes
-        k, v = self._gather(0, k, index), self._gather(1, v, index)
+        with span("kv.gather", layer=layer, blocks=index.numel()):
+            k, v = self._gather(0, k, index), self._gather(1, v, index)
         return k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:])
 
     def _gather(self, which: int, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -54,6 +57,10 @@ class KVCache:
     def chunk_context(self, layer: int, chunk: PrefillChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of a prefill chunk's whole context (cached prefix plus chunk): [kv_heads, L, head_dim]."""
         length = chunk.context_start + chunk.length
+        with span("kv.gather", layer=layer, tokens=length):
+            return self._chunk_context(layer, chunk, length)
+
+    def _chunk_context(self, layer: int, chunk: PrefillChunk, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.layout == "contiguous":
             return self.k[layer][chunk.region, :, :length], self.v[layer][chunk.region, :, :length]
 

@@ -16,10 +16,11 @@ from infragent.engine.models.spec import ModelSpec
 from infragent.engine.outputs import RequestOutput
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import RequestError, SamplingParams
-from infragent.engine.scheduler import Scheduler
+from infragent.engine.scheduler import ScheduledBatch, Scheduler
 from infragent.engine.sequence import Sequence
 from infragent.engine.state_slots import StateSlots
 from infragent.engine.tokenizer import Tokenizer
+from infragent.trace import counter, span
 
 
 class LLMEngine:
@@ -100,11 +101,24 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """Run one scheduled batch; return the sequences that finished in it."""
-        batch = self.scheduler.schedule()
+        with span("step"):
+            return self._step()
+
+    def _step(self) -> list[Sequence]:
+        with span("schedule"):
+            batch = self.scheduler.schedule()
         if not batch:
             return []
+        counter("running", len(self.scheduler.running))
+        counter("waiting", len(self.scheduler.waiting))
+        counter("kv_blocks_used", self.blocks.num_blocks - self.blocks.num_free_blocks)
         sampled = self.runner.run(batch)
         now = time.perf_counter()
+        with span("detokenize", seqs=len(sampled)):
+            return self._advance(batch, sampled, now)
+
+    def _advance(self, batch: ScheduledBatch, sampled: dict[int, int], now: float) -> list[Sequence]:
+        """Move each scheduled sequence forward: count computed tokens, append samples, detokenize, stop."""
         finished = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n

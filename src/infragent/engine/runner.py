@@ -10,6 +10,7 @@ from infragent.engine.scheduler import ScheduledBatch
 from infragent.engine.sequence import Sequence
 from infragent.engine.state_slots import StateSlots
 from infragent.engine.step_inputs import PrefillChunk, StepInputs
+from infragent.trace import span
 
 
 class ModelRunner:
@@ -78,12 +79,17 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, int]:
         """Compute one step; return {seq_id: sampled token} for sequences that reached their last token."""
-        inputs, sampled_seqs = self.prepare(batch)
-        if self.kda_states is not None and self.slots is not None:
-            self.kda_states.reset(self.slots.take_fresh())
-        hidden = self.model.forward(inputs, self.kv_cache, self.kda_states)
+        with span("prepare", seqs=len(batch.seqs)):
+            inputs, sampled_seqs = self.prepare(batch)
+            if self.kda_states is not None and self.slots is not None:
+                self.kda_states.reset(self.slots.take_fresh())
+        tokens = len(inputs.input_ids)
+        phase = "decode" if inputs.num_decodes == tokens else "prefill"  # a step with any prefill is a prefill step
+        with span(phase, tokens=tokens, decodes=inputs.num_decodes, prefill_tokens=tokens - inputs.num_decodes):
+            hidden = self.model.forward(inputs, self.kv_cache, self.kda_states)
         if not sampled_seqs:
             return {}
-        logits = self.model.logits(hidden.index_select(0, inputs.logits_rows))
-        tokens = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs])
-        return {s.seq_id: t for s, t in zip(sampled_seqs, tokens)}
+        with span("sample", seqs=len(sampled_seqs)):
+            logits = self.model.logits(hidden.index_select(0, inputs.logits_rows))
+            tokens_out = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs])
+        return {s.seq_id: t for s, t in zip(sampled_seqs, tokens_out)}

@@ -9,6 +9,7 @@ from infragent.engine.models.kda_layer import KDA
 from infragent.engine.models.layers import Attention, GatedMLP, Linear, Rotary, rms_norm
 from infragent.engine.models.spec import ModelSpec
 from infragent.engine.step_inputs import StepInputs
+from infragent.trace import span
 
 
 class DecoderModel:
@@ -47,13 +48,16 @@ class DecoderModel:
         eps = self.spec.rms_eps
         inputs.rope_cos, inputs.rope_sin = self.rotary.tables(inputs.positions)
         hidden = F.embedding(inputs.input_ids, self.embed)
-        for norm_in, mixer, norm_post, mlp in self.layers:
+        for layer, (norm_in, mixer, norm_post, mlp) in enumerate(self.layers):
             x = rms_norm(hidden, norm_in, eps)
             if isinstance(mixer, Attention):
-                hidden = hidden + mixer(x, inputs, kv_cache)
+                with span("attention", layer=layer):
+                    hidden = hidden + mixer(x, inputs, kv_cache)
             else:
-                hidden = hidden + mixer(x, inputs, kda_states)
-            hidden = hidden + mlp(rms_norm(hidden, norm_post, eps))
+                with span("kda", layer=layer):
+                    hidden = hidden + mixer(x, inputs, kda_states)
+            with span("mlp", layer=layer):
+                hidden = hidden + mlp(rms_norm(hidden, norm_post, eps))
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ from infragent.engine.kv_cache import KDAStateCache
 from infragent.engine.models.kda_ops import kda_chunked, kda_decode_step, kda_gate
 from infragent.engine.models.layers import Linear, rms_norm
 from infragent.engine.step_inputs import StepInputs
+from infragent.trace import span
 
 
 class KDA:
@@ -38,9 +39,11 @@ class KDA:
         nd = inputs.num_decodes
         if nd:
             slots = inputs.decode_state_slots
-            step_state = state.index_select(0, slots)
+            with span("kda.state_gather", layer=self.state_layer, seqs=nd):
+                step_state = state.index_select(0, slots)
             out[:nd] = kda_decode_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], step_state)
-            state.index_copy_(0, slots, step_state)
+            with span("kda.state_scatter", layer=self.state_layer, seqs=nd):
+                state.index_copy_(0, slots, step_state)
         for chunk in inputs.prefills:
             rows = slice(chunk.start, chunk.start + chunk.length)
             initial = state[chunk.state_slot] if chunk.context_start else None

@@ -1,4 +1,4 @@
-"""Median and percentile-bootstrap confidence intervals for small samples of benchmark timings."""
+"""Robust statistics for timing samples: medians with bootstrap CIs, paired ratios, rank tests."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,3 +49,29 @@ def ratio_summary(num: list[float], den: list[float], confidence: float = 0.95, 
     tail = (1.0 - confidence) / 2 * 100
     lo, hi = np.percentile(ra / rb, [tail, 100 - tail])
     return Summary(float(np.median(a) / np.median(b)), float(lo), float(hi), int(min(a.size, b.size)))
+
+
+def paired_ratio(a: list[float], b: list[float], confidence: float = 0.95, resamples: int = 4000,
+                 seed: int = 0) -> Summary:
+    """Median of the per-pair ratios b[i]/a[i] with a percentile-bootstrap CI.
+
+    Pairs are measured next to each other in time, so slow drifts of the machine cancel in each ratio.
+    """
+    ratios = np.asarray(b, dtype=float) / np.asarray(a, dtype=float)
+    return bootstrap_median(ratios.tolist(), confidence, resamples, seed)
+
+
+def mann_whitney_p(a: list[float], b: list[float]) -> float:
+    """Two-sided Mann–Whitney U p-value that a and b come from the same distribution."""
+    from scipy.stats import mannwhitneyu
+
+    if len(a) < 2 or len(b) < 2:
+        return float("nan")
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def min_detectable_effect(summary: Summary) -> float:
+    """Smallest relative change the interval could tell apart from none: its half-width relative to the median."""
+    if summary.n == 0 or summary.median == 0:
+        return float("nan")
+    return (summary.hi - summary.lo) / 2 / abs(summary.median)

@@ -1,0 +1,1 @@
+"""Pure functions over traces and samples: statistics, breakdowns, attribution."""

@@ -1,0 +1,1 @@
+"""Feedback instruments: each probe returns a Feedback (check, bench, record, gil, roofline)."""
