@@ -1,0 +1,323 @@
+"""The check probe: compare a candidate with a reference on fresh random inputs, guard, and localize.
+
+Every trial draws new inputs; the reference runs on a copy of them and the candidate on the
+originals. Errors are relative to max(|reference|, rms(reference)) with a dtype- and K-dependent
+tolerance (see precision.tolerance). Guards catch a candidate that mutates its inputs, returns
+views of them, caches or ignores them, or makes NaN/Inf where the reference is finite. With a
+partition spec (see partition.py) the candidate also runs shard by shard, and a full-run mismatch is
+mapped to the shard whose output block holds it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from infragent.probes.compare import Comparison, compare
+from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.guards import GuardHit, aliased_output, clone_value, dependence_guard, mutated_argument, param_names
+from infragent.probes.inputs import Case, InputsFactory, call, draw, tensors_of
+from infragent.probes.partition import (PartitionError, PartitionSpec, combine, output_bounds,
+                                        parse_partition, shard_of, slice_text, split_case)
+
+__all__ = ["PartitionError", "Comparison", "GuardHit", "Localization", "PartitionRun", "TrialResult",
+           "compare", "matmul_inputs", "run_check", "MATMUL_SHAPES"]
+
+# (M, K, N) of x[M, K] @ w[K, N]: odd sizes, a GEMV, long and short reductions.
+MATMUL_SHAPES = [(1, 64, 64), (17, 1023, 5), (64, 256, 129), (3, 4096, 7),
+                 (128, 512, 256), (5, 2048, 33), (32, 1024, 1024), (2, 3000, 96)]
+GUARDS = ("input_mutation", "output_alias", "output_reuse", "output_caching", "constant_output",
+          "nonfinite_output")  # in the order their findings take precedence
+
+
+def matmul_inputs(trial: int, generator: torch.Generator) -> Case:
+    """(x, w) standard-normal fp32 operands; the shape cycles through MATMUL_SHAPES by trial."""
+    m, k, n = MATMUL_SHAPES[trial % len(MATMUL_SHAPES)]
+    x = torch.randn(m, k, generator=generator)
+    w = torch.randn(k, n, generator=generator)
+    return Case((x, w), label=f"{m}x{k}x{n}", reduction=k)
+
+
+@dataclass
+class Localization:
+    """Where a full-run mismatch lies in shard terms (concatenating partitions only)."""
+
+    shard: int  # shard holding the first bad index
+    shards: list[int]  # every shard with a bad element
+    slice: str  # e.g. "output[:, 512:768]"
+    range: tuple[int, int]  # [start, stop) of that shard along the partitioned output axis
+    bad_per_shard: dict[int, int]
+
+
+def localize(spec: PartitionSpec, comparison: Comparison) -> Localization | None:
+    """Map a comparison's bad elements to the shards of spec's output axis."""
+    bounds = output_bounds(spec, comparison.shape)
+    if bounds is None or comparison.bad_mask is None or comparison.first_bad_index is None:
+        return None
+    axis = spec.out % len(comparison.shape)
+    per_axis = comparison.bad_mask.movedim(axis, 0).reshape(comparison.shape[axis], -1).any(dim=1)
+    counts = {i: int(per_axis[start:stop].sum()) for i, (start, stop) in enumerate(bounds)}
+    shard = shard_of(spec, comparison.shape, comparison.first_bad_index)
+    start, stop = bounds[shard]
+    name = "output" if comparison.output == 0 else f"output {comparison.output}"
+    return Localization(shard, [i for i, n in counts.items() if n], name + slice_text(len(comparison.shape), axis, start, stop),
+                        (start, stop), {i: n for i, n in counts.items() if n})
+
+
+@dataclass
+class ShardRun:
+    """The candidate and the reference on one shard's inputs."""
+
+    index: int
+    inputs: str
+    comparison: Comparison | None
+    error: str = ""
+
+
+@dataclass
+class PartitionRun:
+    """Partitioned execution of one case: per-shard comparisons and the combined result vs the full reference."""
+
+    shards: list[ShardRun]
+    combined: Comparison | None
+    error: str = ""
+
+    @property
+    def bad_shards(self) -> list[ShardRun]:
+        """Shards where the candidate disagrees with the reference on the same shard (or raised)."""
+        return [s for s in self.shards if s.error or (s.comparison and not s.comparison.ok)]
+
+    @property
+    def ok(self) -> bool:
+        """True when every shard and the combined result agree."""
+        return not self.error and not self.bad_shards and self.combined is not None and self.combined.ok
+
+
+def run_partitioned(candidate: Callable[..., Any], reference: Callable[..., Any], spec: PartitionSpec,
+                    case: Case, full_reference: Any, rtol: float | None = None) -> PartitionRun:
+    """Run candidate and reference per shard, compare them, then combine the candidate's shards."""
+    shards, outputs = [], []
+    for shard in split_case(spec, case):
+        try:
+            ref_out = call(reference, clone_value(shard.case))
+        except Exception as err:
+            raise PartitionError(f"partition {spec.text!r}: the reference fails on shard {shard.index} "
+                                 f"({shard.inputs}): {type(err).__name__}: {err}") from err
+        try:
+            out = call(candidate, shard.case)
+        except Exception as err:
+            shards.append(ShardRun(shard.index, shard.inputs, None, f"{type(err).__name__}: {err}"))
+            continue
+        outputs.append(out)
+        shards.append(ShardRun(shard.index, shard.inputs, compare(out, ref_out, case.reduction, rtol)))
+    if len(outputs) < len(shards):
+        return PartitionRun(shards, None, "the candidate raised on a shard")
+    try:
+        combined = compare(combine(spec, outputs), full_reference, case.reduction, rtol)
+    except Exception as err:
+        return PartitionRun(shards, None, f"combining shard outputs failed: {type(err).__name__}: {err}")
+    return PartitionRun(shards, combined)
+
+
+@dataclass
+class TrialResult:
+    """One trial: the case, the full-run comparison, and the partition results when asked."""
+
+    trial: int
+    label: str
+    shapes: list[tuple[int, ...]]
+    reduction: int | None
+    comparison: Comparison | None
+    error: str = ""  # the candidate raised
+    reference_error: str = ""
+    localization: Localization | None = None
+    partitioned: PartitionRun | None = None
+
+    def row(self) -> dict[str, Any]:
+        """JSON-safe summary."""
+        row: dict[str, Any] = {"trial": self.trial, "label": self.label, "shapes": [list(s) for s in self.shapes],
+                               "reduction": self.reduction}
+        if self.comparison:
+            row.update(self.comparison.row())
+        if self.error or self.reference_error:
+            row["error"] = self.error or f"reference: {self.reference_error}"
+        if self.localization:
+            row["bad_shards"] = self.localization.shards
+        if self.partitioned:
+            p = self.partitioned
+            row["partitioned"] = {"bad_shards": [s.index for s in p.bad_shards], "error": p.error,
+                                  "combined": p.combined.row() if p.combined else None,
+                                  "shards": [{"shard": s.index, "inputs": s.inputs, "error": s.error,
+                                              **(s.comparison.row() if s.comparison else {})} for s in p.shards]}
+        return row
+
+
+def _reduction_of(case: Case) -> int:
+    """The case's reduction length, else (conservatively) the longest input axis."""
+    if case.reduction:
+        return case.reduction
+    sizes = [s for t in tensors_of((case.args, case.kwargs)) for s in t.shape]
+    return max(sizes, default=1)
+
+
+def _trial(candidate: Callable[..., Any], reference: Callable[..., Any], case: Case, trial: int,
+           spec: PartitionSpec | None, rtol: float | None, params: list[str], hits: list[GuardHit]) -> TrialResult:
+    """Run one case through the reference, the candidate, the guards and the partition."""
+    shapes = [tuple(t.shape) for t in tensors_of((case.args, case.kwargs))]
+    reduction = _reduction_of(case)
+    label = case.label or f"trial {trial}"
+    result = TrialResult(trial, label, shapes, case.reduction, None)
+    pristine, ref_case = clone_value(case), clone_value(case)
+    try:
+        ref_out = call(reference, ref_case)
+    except Exception as err:
+        result.reference_error = f"{type(err).__name__}: {err}"
+        return result
+    try:
+        out = call(candidate, case)
+    except Exception as err:
+        result.error = f"{type(err).__name__}: {err}"
+        return result
+    seen = {h.guard for h in hits}
+    changed = mutated_argument(pristine, case, params)
+    if changed and "input_mutation" not in seen and not mutated_argument(pristine, ref_case, params):
+        hits.append(GuardHit("input_mutation", f"candidate mutates its input {changed}", trial, label,
+                             {"argument": changed}))
+    aliased = aliased_output(out, case, params)
+    if aliased and "output_alias" not in seen and not aliased_output(ref_out, ref_case, params):
+        hits.append(GuardHit("output_alias", f"candidate output aliases its input {aliased} (shares its storage)",
+                             trial, label, {"argument": aliased}))
+    comparison = compare(out, ref_out, reduction, rtol)
+    result.comparison = comparison
+    if comparison.nonfinite and "nonfinite_output" not in seen:
+        hits.append(GuardHit("nonfinite_output", f"candidate produces NaN/Inf where the reference is finite: "
+                             f"{comparison.nonfinite} element(s), first at {comparison.first_nonfinite}",
+                             trial, label, {"first_nonfinite_index": comparison.first_nonfinite}))
+    if spec is not None:
+        if not comparison.ok and not comparison.problem:
+            result.localization = localize(spec, comparison)
+        result.partitioned = run_partitioned(candidate, reference, spec, pristine, ref_out, rtol)
+    return result
+
+
+def run_check(candidate: Callable[..., Any], reference: Callable[..., Any], factory: InputsFactory,
+              partition: str | None = None, trials: int = 24, *, seed: int = 0, rtol: float | None = None,
+              guards: bool = True) -> Feedback:
+    """Compare candidate with reference over `trials` fresh input draws; guard and localize; one Feedback.
+
+    partition: a spec such as 'column:4' (see partition.py); raises PartitionError when it is malformed
+    or does not fit the inputs. rtol overrides the dtype/K tolerance. guards=False skips the
+    dependence guard (constant output, caching), which makes extra candidate calls.
+    """
+    spec = parse_partition(partition) if partition else None
+    params = param_names(candidate)
+    hits = dependence_guard(candidate, reference, factory, seed, rtol) if guards else []
+    results = [_trial(candidate, reference, draw(factory, t, seed), t, spec, rtol, params, hits)
+               for t in range(trials)]
+    return _feedback(spec, results, hits)
+
+
+def _err(x: float) -> str:
+    return f"{x:.1e}"
+
+
+def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[GuardHit]) -> tuple[str, str, dict[str, Any]]:
+    """(verdict, one-line finding, locality) from the trials and guard hits."""
+    compared = [r for r in results if r.comparison and not r.comparison.problem]
+    if hits:
+        hit = min(hits, key=lambda h: GUARDS.index(h.guard))
+        return "fail", hit.finding, {"guard": hit.guard, "case": hit.label, **hit.where}
+    raised = next((r for r in results if r.error), None)
+    if raised:
+        return "fail", f"candidate raised {raised.error} on case {raised.label!r}", {"case": raised.label}
+    shaped = next((r for r in results if r.comparison and r.comparison.problem), None)
+    if shaped:
+        return "fail", f"{shaped.comparison.problem} on case {shaped.label!r}", {"case": shaped.label}
+    bad = [r for r in compared if not r.comparison.ok]
+    if bad:
+        first, c = bad[0], bad[0].comparison
+        where = {"case": first.label, "shapes": " ".join("x".join(map(str, s)) for s in first.shapes),
+                 "first_bad_index": c.first_bad_index}
+        loc = first.localization
+        if loc:
+            worst = max(r.comparison.max_rel_err for r in bad)
+            who = (f"shard {loc.shard}" if len(loc.shards) == 1 else
+                   "shards " + ", ".join(map(str, loc.shards)))
+            verb = "differs" if len(loc.shards) == 1 else "differ"
+            where = {"partition": spec.text, "shard": loc.shard, "slice": loc.slice, "range": list(loc.range), **where}
+            if len(loc.shards) > 1:
+                where["shards"] = loc.shards
+            return "fail", (f"{who} of {spec.text} {verb}: {loc.slice}, first bad index {c.first_bad_index}, "
+                            f"max rel err {_err(worst)}"), where
+        at = f"output {c.output} index" if c.output else "index"
+        text = (f"differs on {len(bad)}/{len(compared)} trials: first on case {first.label!r} at {at} "
+                f"{c.first_bad_index}, max rel err {_err(c.max_rel_err)} (tol {_err(c.tol)})")
+        if spec and spec.sums and first.partitioned and first.partitioned.bad_shards:
+            shard = first.partitioned.bad_shards[0]
+            text += f"; on {spec.text} shard {shard.index} ({shard.inputs}) differs too"
+            where.update(partition=spec.text, shard=shard.index, inputs=shard.inputs)
+        return "fail", text, where
+    part = next((r for r in results if r.partitioned and not r.partitioned.ok), None)
+    if part:
+        p = part.partitioned
+        where = {"partition": spec.text, "case": part.label}
+        if p.bad_shards:
+            s = p.bad_shards[0]
+            where.update(shard=s.index, inputs=s.inputs)
+            why = s.error or (f"max rel err {_err(s.comparison.max_rel_err)}, first bad index "
+                              f"{s.comparison.first_bad_index}")
+            return "fail", (f"partitioned run {spec.text} differs on shard {s.index} ({s.inputs}) on case "
+                            f"{part.label!r}: {why}"), where
+        why = p.error or f"max rel err {_err(p.combined.max_rel_err)} (tol {_err(p.combined.tol)})"
+        return "fail", f"partitioned run {spec.text} differs from unpartitioned after combining shards: {why}", where
+    ref_errors = [r for r in results if r.reference_error]
+    if ref_errors or not compared:
+        why = (f": the reference raised {ref_errors[0].reference_error} on case {ref_errors[0].label!r}"
+               if ref_errors else "")
+        return "inconclusive", f"{len(compared)}/{len(results)} trials compared{why}", {}
+    worst = max(compared, key=lambda r: r.comparison.max_rel_err / max(r.comparison.tol, 1e-300))
+    text = (f"matches the reference on {len(compared)} trials (closest to tolerance: rel err "
+            f"{_err(worst.comparison.max_rel_err)} vs tol {_err(worst.comparison.tol)} on {worst.label!r})")
+    if spec:
+        text += f"; {spec.text} partitioned run agrees"
+    return "pass", text, {}
+
+
+def _feedback(spec: PartitionSpec | None, results: list[TrialResult], hits: list[GuardHit]) -> Feedback:
+    verdict, finding, locality = _finding(spec, results, hits)
+    compared = [r for r in results if r.comparison and not r.comparison.problem]
+    n = len(compared)
+    numbers = {
+        "max_abs_err": Measure(max((r.comparison.max_abs_err for r in compared), default=float("nan")), n=n),
+        "max_rel_err": Measure(max((r.comparison.max_rel_err for r in compared), default=float("nan")), n=n),
+        "max_ulp": Measure(max((r.comparison.max_ulp for r in compared), default=float("nan")), "ulp", n=n),
+        "trials": Measure(len(results)),
+        "bad_trials": Measure(sum(1 for r in results if r.error or (r.comparison and not r.comparison.ok))),
+    }
+    by_k: dict[int, dict[str, Any]] = {}
+    for r in compared:
+        if r.reduction:
+            entry = by_k.setdefault(r.reduction, {"max_rel_err": 0.0, "tol": r.comparison.tol, "trials": 0})
+            entry["max_rel_err"] = max(entry["max_rel_err"], r.comparison.max_rel_err)
+            entry["trials"] += 1
+    if verdict == "inconclusive":
+        next_probes = ["make the reference and the inputs factory run on every trial, then check again"]
+    elif verdict == "pass":
+        next_probes = ["bench CANDIDATE --vs REFERENCE (correct; now is it faster?)"]
+        if spec is None:
+            next_probes.append("check --partition column:N | splitk:N | batch:N (sharded execution agrees?)")
+    elif hits:
+        next_probes = [f"fix the {min(hits, key=lambda h: GUARDS.index(h.guard)).guard} guard finding, then check again"]
+    elif spec is None:
+        next_probes = ["check --partition column:N | row:N | heads:N | batch:N to localize the differing shard"]
+    else:
+        next_probes = ["check --trials 200 after the fix (more shapes and values)"]
+    details = {"trials": [r.row() for r in results],
+               "error_by_reduction": {k: by_k[k] for k in sorted(by_k)},
+               "guards": [{"guard": h.guard, "finding": h.finding, "trial": h.trial, "case": h.label, **h.where}
+                          for h in hits]}
+    if spec:
+        details["partition"] = {"kind": spec.kind, "count": spec.count, "args": spec.args, "dims": spec.dims,
+                                "out": spec.out}
+    return Feedback("check", verdict, finding, numbers, locality, [], next_probes, details)

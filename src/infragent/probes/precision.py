@@ -1,0 +1,212 @@
+"""Floating-point precision: tolerances, ULP distance, emulated matmul precision modes, error vs fp64.
+
+Precision modes of `matmul(a, b, mode)` (fp32 operands, fp32 result):
+
+- fp32:   IEEE fp32 products and accumulation (TF32 switched off on CUDA).
+- bf16:   operands rounded to bf16 (8-bit significand), exact products, fp32 accumulation.
+- bf16x3: a = hi + lo with hi = bf16(a), lo = bf16(a - hi); hi·hi + hi·lo + lo·hi, fp32 accumulation.
+          Two bf16 pieces hold ~16 significand bits and the dropped lo·lo term is ~2^-16 relative, so
+          bf16x3 is ~2^-16 per product: far better than bf16, yet 10-30x worse than fp32 on
+          zero-mean data at small K (fp32's own accumulation error narrows the gap as K grows).
+- bf16x6: a = hi + mid + lo (three bf16 pieces) and the six products of order <= 2; fp32 parity.
+- tf32:   operands rounded to TF32 (11-bit significand, round to nearest even), fp32 accumulation.
+          On CUDA the hardware TF32 path is used (it converts operands itself).
+- tf32x3: a = hi + lo with TF32 pieces (~22 bits); hi·hi + hi·lo + lo·hi recovers ~fp32 accuracy.
+          On CUDA the three products run on the TF32 tensor-core path with pre-rounded operands.
+
+On CPU every mode is emulated: the pieces are exactly representable, a bf16 or TF32 product is exact
+in fp32, so emulation differs from the hardware only in summation order.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+MODES = ("fp32", "bf16", "bf16x3", "bf16x6", "tf32", "tf32x3")
+
+_SIGN_MASK = {torch.float16: 0x7FFF, torch.bfloat16: 0x7FFF, torch.float32: 0x7FFFFFFF,
+              torch.float64: 0x7FFFFFFFFFFFFFFF}
+_INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+             torch.float64: torch.int64}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the machine epsilon of a floating dtype (0.0 for integer and bool dtypes: exact)."""
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return 0.0
+    if dtype.is_complex:
+        dtype = torch.float64 if dtype == torch.complex128 else torch.float32
+    return torch.finfo(dtype).eps / 2
+
+
+def tolerance(dtype: torch.dtype, reduction: int | None = None) -> float:
+    """Relative tolerance for an output of dtype whose elements each sum `reduction` terms.
+
+    tol = 4·u(dtype) + 8·u(acc)·sqrt(K), u = unit roundoff, acc = fp64 for fp64 outputs else fp32.
+    The first term covers the candidate and the reference each rounding the result to dtype
+    (bf16 1.6e-2, fp16 2.0e-3, fp32 2.4e-7); the second covers fp32 (fp64) accumulation, whose
+    random-walk error grows as sqrt(K) (fp32: 1.5e-5 at K=1024). Errors are measured relative to
+    max(|reference|, rms(reference)), so cancellation near zero does not inflate them.
+    Integer and bool outputs must match exactly (tol 0).
+    """
+    u_out = unit_roundoff(dtype)
+    if u_out == 0.0:
+        return 0.0
+    u_acc = unit_roundoff(torch.float64 if dtype in (torch.float64, torch.complex128) else torch.float32)
+    return 4 * u_out + 8 * u_acc * math.sqrt(max(reduction or 1, 1))
+
+
+def ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """Float bits as int64 ordered like the values (sign-magnitude to two's complement; +0 == -0)."""
+    bits = x.contiguous().view(_INT_VIEW[x.dtype]).to(torch.int64)
+    magnitude = bits & _SIGN_MASK[x.dtype]
+    return torch.where(bits < 0, -magnitude, magnitude)
+
+
+def ulp_distance(candidate: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance in units in the last place of candidate's dtype (reference rounded to it).
+
+    float64 distances come back as float64 (exact below 2^53); other dtypes as int64. Integer
+    dtypes return the absolute difference.
+    """
+    if candidate.dtype not in _INT_VIEW:
+        return (candidate.to(torch.float64) - reference.to(torch.float64)).abs()
+    ref = reference.to(candidate.dtype)
+    a, b = ordered_bits(candidate), ordered_bits(ref)
+    if candidate.dtype == torch.float64:  # int64 a - b can overflow only across zero
+        across = (a < 0) != (b < 0)
+        return torch.where(across, a.to(torch.float64).abs() + b.to(torch.float64).abs(),
+                           (a - b).abs().to(torch.float64))
+    return (a - b).abs()
+
+
+def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """|c - r| / max(|r|, rms(r)) elementwise in fp64 (the floor keeps near-zero results meaningful)."""
+    c, r = candidate.to(torch.float64), reference.to(torch.float64)
+    floor = max(r.pow(2).mean().sqrt().item() if r.numel() else 0.0, torch.finfo(torch.float64).tiny)
+    return (c - r).abs() / r.abs().clamp_min(floor)
+
+
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """Round fp32 values to the nearest bf16 (ties to even) and return them as fp32."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round fp32 values to TF32's 10 stored mantissa bits (nearest, ties to even); Inf/NaN kept.
+
+    Works on the bit pattern: adding 0xFFF plus the lowest kept bit to the magnitude bits and masking
+    off the low 13 bits rounds the magnitude; the sign bit is untouched (the carry stops at the
+    exponent, and an overflow becomes ±Inf as IEEE rounding requires).
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_tf32 takes float32, got {x.dtype}")
+    bits = x.contiguous().view(torch.int32)
+    rounded = (bits + (0xFFF + ((bits >> 13) & 1))) & ~0x1FFF
+    return torch.where(torch.isfinite(x), rounded.view(torch.float32), x)
+
+
+def split(x: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor], parts: int) -> list[torch.Tensor]:
+    """x ≈ sum of `parts` pieces, each representable after `rounding` (hi first; residuals in fp32)."""
+    pieces, rest = [], x
+    for _ in range(parts):
+        piece = rounding(rest)
+        pieces.append(piece)
+        rest = rest - piece
+    return pieces
+
+
+@contextmanager
+def _cuda_tf32(enabled: bool) -> Iterator[None]:
+    """Switch cuBLAS fp32 matmuls to TF32 (or IEEE) for the block, restoring the setting after."""
+    matmul_backend = torch.backends.cuda.matmul
+    if hasattr(matmul_backend, "fp32_precision"):  # torch >= 2.9; do not mix with the legacy flag
+        previous = matmul_backend.fp32_precision
+        matmul_backend.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            matmul_backend.fp32_precision = previous
+    else:
+        previous_flag = matmul_backend.allow_tf32
+        matmul_backend.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            matmul_backend.allow_tf32 = previous_flag
+
+
+def _sum_of_products(a_parts: list[torch.Tensor], b_parts: list[torch.Tensor], order: int) -> torch.Tensor:
+    """Σ a_i @ b_j over i + j <= order, smallest terms first (fp32 accumulation)."""
+    terms = [(i + j, i, j) for i in range(len(a_parts)) for j in range(len(b_parts)) if i + j <= order]
+    out = None
+    for _, i, j in sorted(terms, reverse=True):
+        product = a_parts[i] @ b_parts[j]
+        out = product if out is None else out + product
+    return out
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, mode: str = "fp32") -> torch.Tensor:
+    """a @ b (fp32 tensors) computed in one of MODES; see the module docstring for each mode."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    a, b = a.float(), b.float()
+    cuda = a.is_cuda
+    if mode == "fp32":
+        if cuda:
+            with _cuda_tf32(False):
+                return a @ b
+        return a @ b
+    if mode == "tf32" and cuda:
+        with _cuda_tf32(True):
+            return a @ b
+    rounding = round_tf32 if mode.startswith("tf32") else round_bf16
+    parts, order = {"bf16": (1, 0), "tf32": (1, 0), "bf16x3": (2, 1), "tf32x3": (2, 1), "bf16x6": (3, 2)}[mode]
+    a_parts, b_parts = split(a, rounding, parts), split(b, rounding, parts)
+    if cuda:  # pieces are exact in TF32, so the tensor-core path computes exact products
+        with _cuda_tf32(True):
+            return _sum_of_products(a_parts, b_parts, order)
+    return _sum_of_products(a_parts, b_parts, order)
+
+
+@dataclass
+class ModeError:
+    """Error of one precision mode at one reduction length K, measured against an fp64 matmul."""
+
+    mode: str
+    k: int
+    max_rel_err: float  # max |c - r| / max(|r|, rms(r))
+    mean_abs_err: float
+    device: str
+
+
+def matmul_error(modes: tuple[str, ...] = MODES, ks: tuple[int, ...] = (64, 256, 1024, 4096),
+                 m: int = 64, n: int = 64, seed: int = 0, device: str = "cpu") -> list[ModeError]:
+    """Error vs fp64 of each mode's [m, K] @ [K, n] on standard-normal operands, for each K."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for k in ks:
+        a = torch.randn(m, k, generator=generator)
+        b = torch.randn(k, n, generator=generator)
+        exact = a.double() @ b.double()
+        a_dev, b_dev = a.to(device), b.to(device)
+        for mode in modes:
+            out = matmul(a_dev, b_dev, mode).cpu()
+            rows.append(ModeError(mode, k, relative_error(out, exact).max().item(),
+                                  (out.double() - exact).abs().mean().item(), device))
+    return rows
+
+
+def render_matmul_error(rows: list[ModeError]) -> str:
+    """A table: one line per mode, max rel err vs fp64 for each K."""
+    ks = sorted({r.k for r in rows})
+    modes = list(dict.fromkeys(r.mode for r in rows))
+    by = {(r.mode, r.k): r for r in rows}
+    lines = ["max rel err vs fp64  " + "  ".join(f"K={k:<7}" for k in ks)]
+    for mode in modes:
+        lines.append(f"  {mode:<18} " + "  ".join(f"{by[mode, k].max_rel_err:<9.2e}" for k in ks))
+    return "\n".join(lines)
