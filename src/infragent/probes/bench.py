@@ -22,6 +22,7 @@ from infragent.analysis.stats import Summary, bootstrap_median, mann_whitney_p, 
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.inputs import Case, call, draw, tensors_of
+from infragent.probes.machine import CONTENDED_CORES, CpuWatch
 
 DECIDE_CONFIDENCE = 0.99
 
@@ -50,9 +51,10 @@ class Comparison:
     inner: int = 1
     measuring_s: float = 0.0
     ratio: Summary | None = None  # 99% CI of median(B/A)
-    ratio95: Summary | None = None
     outcome: str = "no_change"  # faster | slower | no_change | undecided
+    confidence: float = DECIDE_CONFIDENCE  # of the interval the outcome rests on
     mann_whitney_p: float = float("nan")
+    others_cores: float | None = None  # CPU other processes used while measuring, in cores
 
 
 def timer_for(case: Case) -> Callable[[Callable[[], Any], int], float]:
@@ -102,6 +104,7 @@ def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Callable, config:
     result = Comparison(inner=calibrate(a, timer, config.min_sample_s))
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    watch = CpuWatch()
     start = time.perf_counter()
     try:
         while True:
@@ -121,6 +124,7 @@ def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Callable, config:
         if gc_was_enabled:
             gc.enable()
     result.measuring_s = time.perf_counter() - start
+    result.others_cores = watch.others_cores()
     result.mann_whitney_p = mann_whitney_p(result.a_ns, result.b_ns)
     return result
 
@@ -138,8 +142,9 @@ def _decide(result: Comparison, config: BenchConfig, final: bool) -> None:
     elif final:
         # Out of time: the 99% interval straddles a margin. Call it only if the 95% interval clears it.
         r95 = paired_ratio(result.a_ns, result.b_ns, confidence=0.95, resamples=2000)
-        result.ratio95 = r95
         result.outcome = "slower" if r95.lo > up else "faster" if r95.hi < down else "undecided"
+        if result.outcome != "undecided":
+            result.ratio, result.confidence = r95, 0.95
     else:
         result.outcome = "undecided"
 
@@ -175,8 +180,8 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
                          "raw per-call samples, pair by pair")
     numbers = {
         f"time[{a_name}]": Measure(a_time.median / 1e3, "µs", a_time.lo / 1e3, a_time.hi / 1e3, a_time.n),
-        "ratio": Measure(ratio.median, "× (B/A, 99% CI)", ratio.lo, ratio.hi, ratio.n),
-        "min_detectable_effect": Measure(half_width * 100, "% (99% CI half-width)"),
+        "ratio": Measure(ratio.median, f"× (B/A, {result.confidence:.0%} CI)", ratio.lo, ratio.hi, ratio.n),
+        "min_detectable_effect": Measure(half_width * 100, f"% ({result.confidence:.0%} CI half-width)"),
         "mann_whitney_p": Measure(result.mann_whitney_p),
         "measuring_s": Measure(result.measuring_s, "s"),
     }
@@ -194,6 +199,9 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
                    "no_change": f"no detectable change (any effect is within ±{config.equivalence * 100:.0f}%)",
                    "undecided": f"undecided within {config.budget_s:.1f}s: ratio {ratio.median:.3f}, "
                                 f"smallest detectable effect ±{half_width * 100:.1f}%"}[result.outcome]
+    if result.others_cores is not None and result.others_cores > CONTENDED_CORES:
+        numbers["other_processes_cores"] = Measure(result.others_cores, "cores")
+        finding += f" [contended: other processes used {result.others_cores:.1f} cores while measuring]"
     next_probes = [] if result.outcome != "undecided" else ["bench again with a larger --budget-s"]
     if result.outcome == "slower":
         next_probes.append(f"infragent roofline {b_name} --inputs ... (what bounds the slower one?)")
