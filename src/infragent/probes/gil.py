@@ -1,0 +1,280 @@
+"""The gil probe: which thread holds the GIL, which one waits for it, per thread and span.
+
+run_gil runs the workload in a child process (probes/gil_child.py) under `py-spy record --gil` when py-spy
+is available, and in any case with in-process measurements: thread CPU time per span, per-thread run-queue
+wait from /proc schedstat, and gilknocker's contention metric. analysis/gil_shares.py joins them to spans.
+
+Waited time is the time a thread was off CPU and not runnable inside its spans. That is GIL waiting only
+inside non-blocking work (no I/O, sleeps or locks in the spans) and when native ops do not oversubscribe
+the cores (e.g. torch.set_num_threads(1) per worker thread); run-queue wait is measured and excluded, so a
+busy machine does not read as GIL contention, and a thread blocked while gilknocker found the GIL mostly
+free is reported as waiting on something else (inconclusive), not as starved. Held time comes from py-spy
+(see gil_shares for how it is spread over spans); without py-spy it is reported as n/a.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import infragent
+from infragent.analysis.gil_shares import (CONTENTION, HeldSamples, ShareRow, parse_speedscope, span_records,
+                                           span_rows, starving_thread, thread_rows)
+from infragent.probes.artifacts import artifact_dir
+from infragent.probes.feedback import Evidence, Feedback, Measure
+from infragent.probes.gil_child import SAMPLER_THREAD
+from infragent.trace_model import Trace, TraceFormatError
+
+WAIT_THRESHOLD = 0.25  # a thread blocked more than this share of its span time is starved
+FREE_GIL = 0.2  # gilknocker contention below this while a thread was blocked: it waited on something else
+
+
+class ChildFailed(RuntimeError):
+    """The child process failed: the workload raised (traceback kept) or no trace came back."""
+
+    def __init__(self, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.traceback = traceback
+
+
+@dataclass
+class GilRecording:
+    """What one run of the child left behind: the trace, py-spy's samples, and why any source is missing."""
+
+    trace_path: Path
+    pyspy_path: Path | None
+    held: dict[int, HeldSamples] | None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GilReport:
+    """The joined result: per-thread and per-(thread, span) shares, the starving thread and the GIL holder."""
+
+    workload: str
+    threads: list[ShareRow]
+    spans: list[ShareRow]
+    starving: ShareRow | None
+    holder: ShareRow | None  # the thread with the largest held share (py-spy), else the most on-CPU one
+    contention: float | None  # gilknocker over the whole run
+    threshold: float
+    pyspy: bool
+    notes: list[str]
+    gil_was_free: bool = False  # the blocked thread waited while the GIL was mostly free: not a GIL problem
+
+    def worst_span(self, row: ShareRow) -> ShareRow:
+        """The span name on row's thread with the most waited time."""
+        same = [r for r in self.spans if r.tid == row.tid]
+        return max(same, key=lambda r: r.waited_ns) if same else row
+
+    def busiest_span(self, row: ShareRow) -> ShareRow:
+        """The span name on row's thread with the most held (else on-CPU) time."""
+        same = [r for r in self.spans if r.tid == row.tid]
+        return max(same, key=lambda r: (r.held_ns or 0.0, r.cpu_ns)) if same else row
+
+
+def find_pyspy() -> str | None:
+    """The py-spy executable: on PATH or next to this Python."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    package_root = str(Path(infragent.__file__).resolve().parents[1])
+    paths = [os.getcwd(), package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def _run(cmd: list[str], timeout_s: float) -> tuple[int, str]:
+    """Run cmd in its own process group (py-spy and its child); on timeout kill that group and re-raise."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(),
+                          start_new_session=True) as proc:
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return proc.returncode, output
+
+
+def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 500,
+                 interval_ms: float = 25.0, timeout_s: float = 300.0) -> GilRecording:
+    """Run the workload in a child process, under py-spy when asked and available; raise ChildFailed
+    (with the child's traceback) when the workload fails."""
+    trace_path, pyspy_path = out_dir / "trace.json", out_dir / "pyspy.speedscope.json"
+    child = [sys.executable, "-m", "infragent.probes.gil_child", workload, str(trace_path),
+             "--interval-ms", str(interval_ms)]
+    notes: list[str] = []
+    exe = find_pyspy() if pyspy else None
+    if pyspy and exe is None:
+        notes.append("py-spy not found (pip install py-spy): held shares are n/a")
+    elif not pyspy:
+        notes.append("py-spy disabled: held shares are n/a")
+    runs = [[exe, "record", "--gil", "--nonblocking", "--format", "speedscope", "--rate", str(rate),
+             "-o", str(pyspy_path), "--"] + child] if exe else []
+    runs.append(child)
+    for cmd in runs:
+        returncode, output = _run(cmd, timeout_s)
+        error = Path(str(trace_path) + ".error")
+        if error.exists():
+            text = error.read_text()
+            last = (text.strip().splitlines() or ["?"])[-1]
+            raise ChildFailed(f"workload {workload} failed in the child process: {last}", text)
+        if trace_path.exists():
+            break
+        tail = output.strip().splitlines()[-3:]
+        notes.append(f"{Path(cmd[0]).name} exited {returncode} without a trace: {' | '.join(tail)}")
+    if not trace_path.exists():
+        raise ChildFailed("the gil child process wrote no trace: " + "; ".join(notes))
+    held = None
+    if exe and pyspy_path.exists():
+        try:
+            pid = Trace.load(trace_path).meta.get("pid")
+            held = parse_speedscope(json.loads(pyspy_path.read_text()), main_tid=pid)
+        except (ValueError, TraceFormatError) as err:
+            notes.append(f"py-spy output unreadable ({err}): held shares are n/a")
+    elif exe:
+        notes.append("py-spy wrote no samples (ptrace not permitted?): held shares are n/a")
+    return GilRecording(trace_path, pyspy_path if held is not None else None, held, notes)
+
+
+def analyze(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
+            threshold: float = WAIT_THRESHOLD, notes: list[str] | None = None) -> GilReport:
+    """Join the recording into a GilReport (pure: no processes, no files)."""
+    threads = [r for r in thread_rows(trace, held) if r.thread != SAMPLER_THREAD]
+    spans = [r for r in span_rows(trace, held) if r.thread != SAMPLER_THREAD]
+    starving = starving_thread(threads, threshold)
+    others = [r for r in threads if starving is None or r.tid != starving.tid] or threads
+    if held is not None:
+        holder = max(others, key=lambda r: r.held_share or 0.0, default=None)
+    else:
+        holder = max(others, key=lambda r: r.on_cpu_share, default=None)
+    windows = [c.value for c in trace.counters if c.name == CONTENTION]
+    contention = sum(windows) / len(windows) if windows else None
+    notes = list(notes or [])
+    if not trace.meta.get("schedstat", True):
+        notes.append("no /proc schedstat: run-queue wait is not excluded from waited time")
+    if not trace.meta.get("gilknocker", True):
+        notes.append("gilknocker not installed: no contention metric")
+    free = starving is not None and starving.contention is not None and starving.contention < FREE_GIL
+    return GilReport(workload, threads, spans, starving, holder, contention, threshold, held is not None, notes,
+                     gil_was_free=free)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def finding(report: GilReport) -> str:
+    """The one-line conclusion, e.g. 'thread compute is starved: waited 63% of step spans; ...'."""
+    holder = report.holder
+    if report.gil_was_free:
+        worst = report.worst_span(report.starving)
+        return (f"thread {worst.thread} was blocked {_pct(worst.waited_share)} of {worst.span} spans, but the GIL "
+                f"was mostly free then (gilknocker contention {report.starving.contention:.2f}): it waits on "
+                "something else (I/O, sleep, a lock)")
+    if report.starving is not None:
+        worst = report.worst_span(report.starving)
+        text = (f"thread {worst.thread} is starved of the GIL: waited {_pct(worst.waited_share)} of "
+                f"{worst.span} spans (on CPU {_pct(worst.on_cpu_share)})")
+    else:
+        top = max(report.threads, key=lambda r: r.waited_share)
+        text = (f"no GIL starvation: no thread waits more than {_pct(report.threshold)} of its span time "
+                f"(most: {top.thread} {_pct(top.waited_share)} of {report.worst_span(top).span} spans)")
+    if holder is not None:
+        busy = report.busiest_span(holder)
+        if report.pyspy:
+            text += f"; thread {busy.thread} held the GIL {_pct(busy.held_share)} of {busy.span} spans"
+        else:
+            text += (f"; thread {busy.thread} was on CPU {_pct(busy.on_cpu_share)} of {busy.span} spans "
+                     "(GIL holding n/a without py-spy)")
+    return text
+
+
+def share_table(report: GilReport) -> list[str]:
+    """Per (thread, span) rows as text lines: held, waited, on-CPU shares and the contention metric."""
+    lines = ["thread | span | spans | wall ms | held | waited | on CPU | run queue | contention"]
+    for r in sorted(report.spans, key=lambda r: (r.thread, r.span)):
+        queue = "n/a" if r.run_queue_ns is None else _pct(r.run_queue_ns / r.wall_ns)
+        knock = "n/a" if r.contention is None else f"{r.contention:.2f}"
+        lines.append(f"{r.thread} | {r.span} | {r.spans} | {r.wall_ns / 1e6:.0f} | {_pct(r.held_share)} | "
+                     f"{_pct(r.waited_share)} | {_pct(r.on_cpu_share)} | {queue} | {knock}")
+    return lines
+
+
+def to_feedback(report: GilReport, evidence: list[Evidence]) -> Feedback:
+    """The report as the probe's Feedback (verdict, numbers, locality, next probes)."""
+    nan = float("nan")
+    numbers: dict[str, Measure] = {}
+    for r in report.threads:
+        numbers[f"{r.thread}.held"] = Measure(nan if r.held_share is None else 100 * r.held_share, "%", n=r.spans)
+        numbers[f"{r.thread}.waited"] = Measure(100 * r.waited_share, "%", n=r.spans)
+        numbers[f"{r.thread}.on_cpu"] = Measure(100 * r.on_cpu_share, "%", n=r.spans)
+    if report.contention is not None:
+        numbers["gil_contention"] = Measure(report.contention, "(gilknocker, 0-1)")
+    details: dict[str, Any] = {"table": share_table(report), "threads": [r.to_dict() for r in report.threads],
+                               "spans": [r.to_dict() for r in report.spans], "threshold": report.threshold,
+                               "sources": {"py-spy": report.pyspy, "gilknocker": report.contention is not None},
+                               "notes": report.notes}
+    if not report.threads:
+        return Feedback("gil", "inconclusive", "the workload recorded no spans with CPU time on any thread",
+                        numbers, evidence=evidence, details=details,
+                        next_probes=["wrap each thread's units of work in `with span(...)` and rerun"])
+    text = finding(report)
+    if report.notes:
+        text += f" [{'; '.join(report.notes)}]"
+    locality: dict[str, Any] = {}
+    if report.gil_was_free:
+        worst = report.worst_span(report.starving)
+        return Feedback("gil", "inconclusive", text, numbers, {"thread": worst.thread, "span": worst.span},
+                        evidence, [f"infragent record {report.workload} and look at what {worst.thread} "
+                                   f"blocks on inside {worst.span}"], details)
+    if report.starving is not None:
+        worst = report.worst_span(report.starving)
+        locality = {"thread": worst.thread, "span": worst.span}
+        if report.holder is not None:
+            locality.update(holder=report.holder.thread, holder_span=report.busiest_span(report.holder).span)
+        holder = report.holder.thread if report.holder else "the holding thread"
+        next_probes = [f"move {holder}'s per-item Python work into torch ops that release the GIL, "
+                       "or into one batched call per step",
+                       f"rerun infragent gil {report.workload} to confirm {worst.thread} stops waiting"]
+        return Feedback("gil", "fail", text, numbers, locality, evidence, next_probes, details)
+    return Feedback("gil", "pass", text, numbers, locality, evidence,
+                    [f"infragent record {report.workload} (where the time goes, if not the GIL)"], details)
+
+
+def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms: float = 25.0,
+            threshold: float = WAIT_THRESHOLD, timeout_s: float = 300.0) -> Feedback:
+    """Run module:function in a child process and report, per thread and span, GIL held and waited shares."""
+    out_dir = artifact_dir() / f"gil-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 1_000_000:06d}"
+    out_dir.mkdir(parents=True)
+    try:
+        rec = record_child(workload_name, out_dir, pyspy=pyspy, rate=rate, interval_ms=interval_ms,
+                           timeout_s=timeout_s)
+    except ChildFailed as err:
+        return Feedback("gil", "inconclusive", str(err), details={"traceback": err.traceback},
+                        next_probes=[f"run {workload_name} directly to check that it works"])
+    except subprocess.TimeoutExpired:
+        return Feedback("gil", "inconclusive", f"workload {workload_name} ran longer than {timeout_s:g} s",
+                        next_probes=["make the workload shorter (a few seconds is enough)"])
+    trace = Trace.load(rec.trace_path)
+    report = analyze(workload_name, trace, rec.held, threshold, rec.notes)
+    shares = out_dir / "shares.json"
+    shares.write_text(json.dumps({"threads": [r.to_dict() for r in report.threads],
+                                  "spans": [r.to_dict() for r in report.spans],
+                                  "span_intervals": span_records(trace)}))
+    evidence = [Evidence.of(rec.trace_path, "child trace: spans with CPU time, schedstat and gilknocker counters")]
+    if rec.pyspy_path is not None:
+        evidence.append(Evidence.of(rec.pyspy_path, "py-spy --gil samples (speedscope)"))
+    evidence.append(Evidence.of(shares, "per thread, span name and span interval: held/waited shares"))
+    return to_feedback(report, evidence)

@@ -1,0 +1,141 @@
+"""Child process of the gil probe: run a workload under the span recorder and sample GIL-related counters.
+
+    python -m infragent.probes.gil_child module:function TRACE.json [--interval-ms 25]
+
+Records spans with thread CPU time (Recorder(thread_cpu=True)) and, from a sampler thread, counters:
+  sched.cpu_ns/<tid>, sched.run_delay_ns/<tid>   cumulative on-CPU and run-queue wait time of each Python
+                                                 thread (/proc/self/task/<tid>/schedstat), every interval
+  gil.contention                                 gilknocker's contention metric over the last window
+                                                 (reset after each read), every second interval
+Writes the Chrome trace to TRACE.json, or the workload's traceback to TRACE.json.error, then exits with
+os._exit so that gilknocker's native threads cannot abort interpreter shutdown.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from infragent.analysis.gil_shares import CONTENTION, CPU, RUN_DELAY
+from infragent.probes.callables import resolve
+from infragent.trace import Recorder, counter
+
+SAMPLER_THREAD = "infragent-gil-sampler"
+
+
+def read_schedstat(tid: int) -> tuple[int, int] | None:
+    """(on-CPU ns, run-queue wait ns) of one thread of this process, or None if it is gone or unsupported."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            fields = f.read().split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _start_knocker() -> Any:
+    try:
+        from gilknocker import KnockKnock
+    except ImportError:
+        return None
+    intervals = dict(polling_interval_micros=1000, sampling_interval_micros=10_000)
+    try:  # sleeping_interval_micros=0 would make its monitor thread spin on a core; 1 ms keeps it idle
+        knocker = KnockKnock(**intervals, sleeping_interval_micros=1000)
+    except TypeError:  # gilknocker < 0.4.1 has no sleeping interval
+        knocker = KnockKnock(**intervals)
+    knocker.start()
+    return knocker
+
+
+class Sampler:
+    """A daemon thread emitting schedstat and gilknocker counters every interval until stop()."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.knocker = _start_knocker()
+        self.schedstat = read_schedstat(threading.get_native_id()) is not None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=SAMPLER_THREAD, daemon=True)
+
+    def start(self) -> "Sampler":
+        """Take a first sample, then sample in the background."""
+        self._thread.start()
+        return self
+
+    def _sample(self, tick: int) -> None:
+        if self.schedstat:
+            for thread in threading.enumerate():  # Python threads: the only ones that can record spans
+                stat = read_schedstat(thread.native_id) if thread.native_id else None
+                if stat is not None:
+                    counter(f"{CPU}{thread.native_id}", stat[0])
+                    counter(f"{RUN_DELAY}{thread.native_id}", stat[1])
+        if self.knocker is not None and tick % 2 == 1:
+            counter(CONTENTION, self.knocker.contention_metric)
+            self.knocker.reset_contention_metric()
+
+    def _loop(self) -> None:
+        tick = 0
+        self._sample(tick)
+        while not self._stop.wait(self.interval_s):
+            tick += 1
+            self._sample(tick)
+        self._sample(tick + 1)
+
+    def stop(self) -> None:
+        """Take a last sample and stop the thread and the knocker."""
+        self._stop.set()
+        self._thread.join()
+        if self.knocker is not None:
+            self.knocker.stop()
+
+
+def _run_workload(fn: Callable[[], Any]) -> int:
+    """Call the workload; the parent keeps only the main thread's py-spy samples under this frame."""
+    start = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - start
+
+
+def record(workload: str, out: Path, interval_s: float = 0.025) -> Path:
+    """Run the workload once under the recorder and the sampler; save the trace to out."""
+    fn = resolve(workload, "workload")
+    recorder = Recorder(thread_cpu=True).start()
+    sampler = Sampler(interval_s).start()
+    try:
+        wall_ns = _run_workload(fn)
+    finally:
+        sampler.stop()
+        recorder.stop()
+    trace = recorder.trace()
+    trace.meta.update(workload=workload, workload_wall_ns=wall_ns, sampler_thread=SAMPLER_THREAD,
+                      sample_interval_ns=int(interval_s * 1e9), schedstat=sampler.schedstat,
+                      gilknocker=sampler.knocker is not None, switch_interval_s=sys.getswitchinterval())
+    return trace.save(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload")
+    parser.add_argument("trace")
+    parser.add_argument("--interval-ms", type=float, default=25.0)
+    args = parser.parse_args(argv)
+    out = Path(args.trace)
+    try:
+        record(args.workload, out, args.interval_ms / 1e3)
+    except BaseException:
+        Path(str(out) + ".error").write_text(traceback.format_exc())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
