@@ -12,7 +12,7 @@ import planted  # noqa: E402
 
 if __name__ == "__main__":
     torch.set_num_threads(2)
-    runner = pyperf.Runner()
+    runner = pyperf.Runner(add_cmdline_args=lambda cmd, args: cmd.append(args.function))  # workers need it too
     runner.argparser.add_argument("function", choices=["work", "work_again", "slow"])
     args = runner.parse_args()
     runner.bench_func(args.function, getattr(planted, args.function))
