@@ -75,6 +75,12 @@ def main() -> None:
     longest = max(r["measuring_s"] for r in rows["slow"] + rows["aa"])
     print(f"  longest measuring time of one verdict: {longest:.2f} s (limit 5 s)")
     result = {"infragent": rows}
+    for kind, expected in (("slow", "slower"), ("aa", "no_change")):
+        misses = [(r["outcome"], round(r["ratio"], 4), r["pairs"]) for r in rows[kind] if r["outcome"] != expected]
+        if misses:
+            print(f"  {kind} misses (outcome, ratio, pairs): {misses}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
     if args.pyperf_runs:
         with tempfile.TemporaryDirectory() as tmp:
             perf = {"slow": [pyperf_compare("slow", Path(tmp), i) for i in range(args.pyperf_runs)],

@@ -36,7 +36,7 @@ def test_a_over_a_finds_no_change_and_reports_the_noise_floor():
 def test_raw_samples_are_kept_and_hashed():
     fb = run_bench(bench_cases.work, bench_cases.work_copy, config=BenchConfig(budget_s=1.0))
     raw = fb.details["raw"]
-    assert len(raw["a_ns"]) == len(raw["b_ns"]) == fb.details["pairs"] >= 16
+    assert len(raw["a_ns"]) == len(raw["b_ns"]) == fb.details["pairs"] >= 30
     evidence = fb.evidence[0]
     data = Path(evidence.path).read_bytes()
     assert hashlib.sha256(data).hexdigest() == evidence.sha256

@@ -33,10 +33,10 @@ class BenchConfig:
 
     budget_s: float = 2.0  # most seconds spent measuring
     min_sample_s: float = 0.0005  # calibrate the inner loop so each sample lasts at least this
-    min_pairs: int = 16
-    check_every: int = 8
+    min_pairs: int = 30  # below ~30 pairs a bootstrap CI of the median is too narrow to stop on
+    check_every: int = 10
     equivalence: float = 0.02  # δ: a change smaller than this counts as "no change"
-    margin: float = 0.005  # ε: an effect must clear 1 ± ε (guards against tiny order biases)
+    margin: float = 0.01  # ε: "faster"/"slower" need the CI to clear 1 ± ε: effects under 1% are not claimed
     threads: int = 2
     seed: int = 0
 
