@@ -156,6 +156,46 @@ def roofline(
 
 
 @app.command()
+def serve(
+    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default)."),
+    port: int = typer.Option(8000),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name"),
+    max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
+    max_num_batched_tokens: int = typer.Option(512, "--max-num-batched-tokens"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+    max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
+    block_size: int = typer.Option(16, "--block-size"),
+    kv_cache_gb: float = typer.Option(0.5, "--kv-cache-gb"),
+    threads: Optional[int] = typer.Option(None, "--threads"),
+    hybrid_config: Optional[str] = typer.Option(None, "--hybrid-config",
+                                                help='JSON sizes for the hybrid model, e.g. \'{"hidden_size": 256}\'.'),
+    shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get on SIGTERM."),
+) -> None:
+    """Serve the engine over an OpenAI-compatible HTTP API."""
+    import json
+
+    from infragent.engine.config import ConfigError, EngineConfig, HybridConfig
+    from infragent.engine.server.serve import make_server
+
+    try:
+        hybrid = HybridConfig(**json.loads(hybrid_config)) if hybrid_config else HybridConfig()
+        config = EngineConfig(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                              max_model_len=max_model_len, block_size=block_size, kv_cache_gb=kv_cache_gb,
+                              num_threads=threads, hybrid=hybrid)
+        server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
+                             log_level="info")
+    except (ConfigError, FileNotFoundError) as err:
+        _fail(str(err))
+        return
+    except (json.JSONDecodeError, TypeError) as err:
+        _fail(f"--hybrid-config: {err}; give a JSON object of HybridConfig fields")
+        return
+    server.run()
+
+
+@app.command()
 def version() -> None:
     """Print the infragent version."""
     from infragent import __version__

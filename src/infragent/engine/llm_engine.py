@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -17,10 +18,18 @@ from infragent.engine.outputs import RequestOutput
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import RequestError, SamplingParams
 from infragent.engine.scheduler import ScheduledBatch, Scheduler
-from infragent.engine.sequence import Sequence
+from infragent.engine.sequence import Sequence, SequenceStatus
 from infragent.engine.state_slots import StateSlots
 from infragent.engine.tokenizer import Tokenizer
 from infragent.trace import counter, span
+
+
+@dataclass
+class StepUpdate:
+    """What one step changed: sequences that received a token, and those of them that finished."""
+
+    updated: list[Sequence]
+    finished: list[Sequence]
 
 
 class LLMEngine:
@@ -74,6 +83,13 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str = "") -> Sequence:
         """Validate and queue one request; raises RequestError naming the bad field."""
+        seq = self.make_sequence(prompt, params, request_id)
+        self.add_sequence(seq)
+        return seq
+
+    def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
+                      request_id: str = "") -> Sequence:
+        """Validate and tokenize one request without queueing it (safe to call off the engine thread)."""
         params = params or SamplingParams()
         params.validate()
         if isinstance(prompt, str):
@@ -90,10 +106,19 @@ class LLMEngine:
             raise RequestError(f"prompt: {len(token_ids)} tokens does not fit the context "
                                f"(max_model_len={self.max_model_len}, one position is needed to generate); "
                                f"shorten the prompt")
-        seq = Sequence(token_ids, params, request_id=request_id, prompt=text,
-                       detokenizer=self.tokenizer.detokenizer())
+        return Sequence(token_ids, params, request_id=request_id, prompt=text,
+                        detokenizer=self.tokenizer.detokenizer())
+
+    def add_sequence(self, seq: Sequence) -> None:
+        """Queue a sequence made by make_sequence (FCFS)."""
         self.scheduler.add(seq)
-        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop a request wherever it is; its KV blocks and state slot return to the free lists."""
+        if seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.abort(seq)
+            seq.finish_reason = "abort"
+            seq.finish_time = time.perf_counter()
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
@@ -101,14 +126,18 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """Run one scheduled batch; return the sequences that finished in it."""
+        return self.step_updates().finished
+
+    def step_updates(self) -> StepUpdate:
+        """Run one scheduled batch; return the sequences that got a token and those that finished."""
         with span("step"):
             return self._step()
 
-    def _step(self) -> list[Sequence]:
+    def _step(self) -> StepUpdate:
         with span("schedule"):
             batch = self.scheduler.schedule()
         if not batch:
-            return []
+            return StepUpdate([], [])
         counter("running", len(self.scheduler.running))
         counter("waiting", len(self.scheduler.waiting))
         counter("kv_blocks_used", self.blocks.num_blocks - self.blocks.num_free_blocks)
@@ -117,9 +146,9 @@ class LLMEngine:
         with span("detokenize", seqs=len(sampled)):
             return self._advance(batch, sampled, now)
 
-    def _advance(self, batch: ScheduledBatch, sampled: dict[int, int], now: float) -> list[Sequence]:
+    def _advance(self, batch: ScheduledBatch, sampled: dict[int, int], now: float) -> StepUpdate:
         """Move each scheduled sequence forward: count computed tokens, append samples, detokenize, stop."""
-        finished = []
+        updated, finished = [], []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
@@ -130,12 +159,13 @@ class LLMEngine:
                 seq.first_token_time = now
             seq.output_token_ids.append(token)
             seq.text += seq.detokenizer.add(token)
+            updated.append(seq)
             reason = self._stop_reason(seq, token)
             if reason:
                 seq.finish_reason, seq.finish_time = reason, now
                 self.scheduler.finish(seq)
                 finished.append(seq)
-        return finished
+        return StepUpdate(updated, finished)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

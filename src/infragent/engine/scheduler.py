@@ -99,6 +99,15 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop seq from the queue or the running set and release what it holds."""
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+            self.blocks.free_seq(seq)  # a preempted-then-requeued or prefix-cached seq may hold blocks
+            seq.status = SequenceStatus.FINISHED
+        elif seq.status is SequenceStatus.RUNNING:
+            self.finish(seq)
+
     def finish(self, seq: Sequence) -> None:
         """Release a finished sequence's blocks and slot."""
         self.running.remove(seq)

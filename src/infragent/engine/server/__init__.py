@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server around the engine (FastAPI app + engine thread)."""

@@ -1,0 +1,65 @@
+"""Prometheus metrics of the server: requests by status, tokens, queue depths, cache usage, TTFT and ITL."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    """One registry per server (tests run several servers in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("infragent:requests", "Requests by final status "
+                                "(stop, length, abort, error, rejected = 429, invalid = other 4xx).",
+                                ["status"], registry=registry)
+        self.prompt_tokens = Counter("infragent:prompt_tokens", "Prompt tokens, by whether the usage was "
+                                     "delivered to the client or the request was aborted.", ["outcome"],
+                                     registry=registry)
+        self.generation_tokens = Counter("infragent:generation_tokens", "Generated tokens, by outcome "
+                                         "(delivered, aborted).", ["outcome"], registry=registry)
+        self.running = Gauge("infragent:num_requests_running", "Requests in the running batch.", registry=registry)
+        self.waiting = Gauge("infragent:num_requests_waiting", "Requests queued, not yet running.",
+                             registry=registry)
+        self.kv_blocks_used = Gauge("infragent:kv_blocks_used", "KV-cache blocks referenced by requests.",
+                                    registry=registry)
+        self.kv_blocks_total = Gauge("infragent:kv_blocks_total", "KV-cache blocks in the pool.", registry=registry)
+        self.state_slots_used = Gauge("infragent:state_slots_used", "KDA state slots held by requests.",
+                                      registry=registry)
+        self.state_slots_total = Gauge("infragent:state_slots_total", "KDA state slots in the pool.",
+                                       registry=registry)
+        self.ttft = Histogram("infragent:time_to_first_token_seconds", "Arrival to first generated token.",
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.itl = Histogram("infragent:inter_token_latency_seconds", "Time between consecutive tokens of a "
+                             "request.", buckets=LATENCY_BUCKETS, registry=registry)
+
+    def delivered(self, status: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """A request whose response (with usage) went out; status is its finish reason."""
+        self.requests.labels(status=status).inc()
+        self.prompt_tokens.labels(outcome="delivered").inc(prompt_tokens)
+        self.generation_tokens.labels(outcome="delivered").inc(completion_tokens)
+
+    def aborted(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """A request dropped before it finished (client gone, or shutdown)."""
+        self.requests.labels(status="abort").inc()
+        self.prompt_tokens.labels(outcome="aborted").inc(prompt_tokens)
+        self.generation_tokens.labels(outcome="aborted").inc(completion_tokens)
+
+    def refused(self, status: str) -> None:
+        """A request answered with a 4xx (status 'rejected' for 429, 'invalid' otherwise) or a 5xx ('error')."""
+        self.requests.labels(status=status).inc()
+
+    def set_state(self, running: int, waiting: int, kv_blocks_used: int, kv_blocks_total: int,
+                  state_slots_used: int, state_slots_total: int) -> None:
+        """Update the gauges (called by the engine thread after each step)."""
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_blocks_used.set(kv_blocks_used)
+        self.kv_blocks_total.set(kv_blocks_total)
+        self.state_slots_used.set(state_slots_used)
+        self.state_slots_total.set(state_slots_total)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition."""
+        return generate_latest(self.registry)

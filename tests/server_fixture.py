@@ -1,0 +1,94 @@
+"""Real servers on loopback for the tests: in a thread (fast to start) or as a subprocess (for RSS, SIGTERM)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from infragent.engine.config import EngineConfig, HybridConfig
+
+TINY_HYBRID = dict(hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
+                   kda_num_heads=4, kda_head_k_dim=32, kda_head_v_dim=32)
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def free_port() -> int:
+    """An unused TCP port on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_config(**knobs: object) -> EngineConfig:
+    """A small random-init hybrid model: real KV blocks and KDA state slots, fast on 2 cores."""
+    knobs.setdefault("max_model_len", 512)
+    knobs.setdefault("kv_cache_gb", 0.05)
+    return EngineConfig(model="hybrid", hybrid=HybridConfig(**TINY_HYBRID), num_threads=1, **knobs)
+
+
+def wait_healthy(url: str, timeout: float = 60.0) -> None:
+    """Poll /health until it answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"server at {url} did not become healthy in {timeout}s")
+
+
+@contextlib.contextmanager
+def thread_server(api_key: str | None = None, max_waiting: int = 256, **knobs: object) -> Iterator[str]:
+    """Start make_server in a thread; yield its base URL; stop it."""
+    from infragent.engine.server.serve import make_server
+
+    port = free_port()
+    server = make_server(tiny_config(**knobs), port=port, api_key=api_key, max_waiting=max_waiting,
+                         shutdown_timeout_s=5)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@contextlib.contextmanager
+def process_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`infragent serve` in a subprocess with the tiny hybrid model; yield (base URL, process)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "infragent.cli", "serve", "--model", "hybrid", "--port", str(port),
+           "--hybrid-config", json.dumps(TINY_HYBRID), "--max-model-len", "512", "--kv-cache-gb", "0.05",
+           "--threads", "1", *extra]
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def metric(url: str, name: str, labels: str = "") -> float:
+    """One sample from /metrics (0.0 when absent)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    return 0.0
