@@ -49,7 +49,8 @@ def pyperf_compare(candidate: str, workdir: Path, index: int) -> dict:
     compared = subprocess.run([sys.executable, "-m", "pyperf", "compare_to", *paths], check=True,
                               capture_output=True, text=True).stdout
     wall = time.perf_counter() - start
-    outcome = "no_change" if "Not significant" in compared else "slower" if "slower" in compared else "faster"
+    verdict = compared.lower()
+    outcome = "no_change" if "not significant" in verdict else "slower" if "slower" in verdict else "faster"
     return {"outcome": outcome, "wall_s": wall, "output": compared.strip()}
 
 

@@ -1,6 +1,7 @@
 """SamplingParams (validated per request) and the batched sampler."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -8,6 +9,9 @@ import torch
 
 class RequestError(ValueError):
     """A request is invalid; the message names the field. Other requests are unaffected."""
+
+
+GREEDY_BELOW = 1e-5  # temperatures this small are argmax: dividing logits by them overflows to inf
 
 
 @dataclass
@@ -26,12 +30,15 @@ class SamplingParams:
         """Raise RequestError naming the first bad field."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise RequestError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
-        if not (self.temperature >= 0.0):
-            raise RequestError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+                and self.temperature >= 0.0):
+            raise RequestError(f"temperature: must be a finite number >= 0, got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise RequestError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise RequestError(f"top_k: must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64):
+            raise RequestError(f"seed: must be a 64-bit integer, got {self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -40,7 +47,7 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
