@@ -196,6 +196,58 @@ def serve(
 
 
 @app.command()
+def loadgen(
+    base_url: str = typer.Option(..., "--base-url", help="Server root, e.g. http://127.0.0.1:8000"),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first /v1/models entry)."),
+    endpoint: str = typer.Option("/v1/completions", "--endpoint", help="/v1/completions or /v1/chat/completions"),
+    num_prompts: int = typer.Option(100, "--num-prompts"),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency"),
+    request_rate: float = typer.Option(float("inf"), "--request-rate", help="Requests/s; inf sends all at once."),
+    burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape: 1 = Poisson, <1 burstier."),
+    arrival: str = typer.Option("gamma", "--arrival", help="burst, constant, poisson or gamma."),
+    dataset_name: str = typer.Option("random", "--dataset-name", help="random, file or sharegpt."),
+    dataset_path: Optional[str] = typer.Option(None, "--dataset-path"),
+    random_input_len: int = typer.Option(128, "--random-input-len"),
+    random_output_len: int = typer.Option(128, "--random-output-len"),
+    length_dist: str = typer.Option("fixed", "--length-dist", help="fixed, uniform or lognormal."),
+    random_range_ratio: float = typer.Option(0.0, "--random-range-ratio"),
+    vocab_size: int = typer.Option(49152, "--vocab-size", help="Token ids of random prompts are drawn below this."),
+    goodput: List[str] = typer.Option([], "--goodput", help="SLOs in ms, e.g. ttft:500 tpot:50 (repeatable)."),
+    warmup: int = typer.Option(2, "--warmup", help="Requests sent first and left out of the metrics."),
+    repeats: int = typer.Option(1, "--repeats", help="Run N times; report medians with CIs across runs."),
+    seed: int = typer.Option(0, "--seed"),
+    api_key: Optional[str] = typer.Option(None, "--api-key"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Benchmark an OpenAI-compatible server end to end (vLLM bench serve metrics)."""
+    from infragent.probes.load_datasets import DatasetError
+    from infragent.probes.loadgen import LoadConfig, run_loadgen
+
+    slos: dict[str, float] = {}
+    for item in (part for g in goodput for part in g.replace(",", " ").split()):
+        name, _, value = item.partition(":")
+        try:
+            if name not in ("ttft", "tpot", "e2el"):
+                raise ValueError
+            slos[name] = float(value)
+        except ValueError:
+            _fail(f"--goodput {item!r}: use ttft:MS, tpot:MS or e2el:MS")
+    config = LoadConfig(base_url=base_url, model=model, endpoint=endpoint, num_prompts=num_prompts,
+                        max_concurrency=max_concurrency, request_rate=request_rate, burstiness=burstiness,
+                        arrival=arrival, dataset_name=dataset_name, dataset_path=dataset_path,
+                        random_input_len=random_input_len, random_output_len=random_output_len,
+                        length_dist=length_dist, random_range_ratio=random_range_ratio, vocab_size=vocab_size,
+                        goodput_ms=slos, warmup=warmup, repeats=repeats, seed=seed, api_key=api_key,
+                        progress=not as_json)
+    try:
+        feedback = run_loadgen(config)
+    except (DatasetError, ValueError, ConnectionError) as err:
+        _fail(str(err))
+        return
+    _emit(feedback, as_json)
+
+
+@app.command()
 def version() -> None:
     """Print the infragent version."""
     from infragent import __version__

@@ -1,0 +1,205 @@
+"""loadgen: the end-to-end serving benchmark against any OpenAI-compatible endpoint (ours, vLLM, SGLang).
+
+Requests stream; warm-up requests are sent first and excluded from the metrics (their records are kept,
+flagged). Metrics follow vLLM `bench serve` (analysis/serving_metrics.py), per phase and per prompt-length
+bucket. --repeats N runs the whole benchmark N times and reports each metric's median across runs with a
+bootstrap CI. The JSON result keeps every raw per-request record.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from infragent.analysis.serving_metrics import RequestRecord, ServingMetrics, by_bucket, serving_metrics
+from infragent.analysis.stats import bootstrap_median
+from infragent.probes.artifacts import save_json
+from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.load_arrivals import arrival_times
+from infragent.probes.load_client import ConnectionPool, now_clock, stream_request
+from infragent.probes.load_datasets import RequestSpec, file_requests, random_requests, sharegpt_requests
+
+
+@dataclass
+class LoadConfig:
+    """Everything one loadgen invocation needs (flag names follow vLLM bench serve)."""
+
+    base_url: str
+    model: str | None = None
+    endpoint: str = "/v1/completions"
+    num_prompts: int = 100
+    max_concurrency: int | None = None
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    arrival: str = "gamma"  # burst | constant | poisson | gamma
+    dataset_name: str = "random"  # random | file | sharegpt
+    dataset_path: str | None = None
+    random_input_len: int = 128
+    random_output_len: int = 128
+    length_dist: str = "fixed"
+    random_range_ratio: float = 0.0
+    lognormal_sigma: float = 0.5
+    vocab_size: int = 49152
+    ignore_eos: bool = True
+    goodput_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"ttft": 500, "tpot": 50}
+    warmup: int = 2
+    repeats: int = 1
+    seed: int = 0
+    api_key: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class LoadRun:
+    """One benchmark pass: raw records, its duration and the metrics computed from them."""
+
+    records: list[RequestRecord]
+    duration_s: float
+    metrics: ServingMetrics
+    buckets: dict[str, ServingMetrics]
+
+
+def build_requests(config: LoadConfig, n: int, seed: int) -> list[RequestSpec]:
+    """The dataset's first n requests (random ones are drawn fresh from seed)."""
+    if config.dataset_name == "random":
+        return random_requests(n, config.random_input_len, config.random_output_len, config.vocab_size,
+                               config.length_dist, config.random_range_ratio, config.lognormal_sigma, seed)
+    if not config.dataset_path:
+        raise ValueError(f"--dataset-name {config.dataset_name}: needs --dataset-path")
+    from infragent.engine.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf()  # lengths for buckets only; token counts come from the server's usage
+    count = lambda text: len(tokenizer.encode(text))  # noqa: E731
+    if config.dataset_name == "file":
+        pool = file_requests(config.dataset_path, config.random_output_len, count)
+    elif config.dataset_name == "sharegpt":
+        pool = sharegpt_requests(config.dataset_path, count)
+    else:
+        raise ValueError(f"--dataset-name {config.dataset_name!r}: choose random, file or sharegpt")
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def request_body(config: LoadConfig, model: str, spec: RequestSpec) -> dict[str, Any]:
+    """The JSON body for one request (streaming, usage included)."""
+    body: dict[str, Any] = {"model": model, "max_tokens": spec.output_len, "stream": True, "temperature": 0.0,
+                            "stream_options": {"include_usage": True}, "ignore_eos": config.ignore_eos}
+    if config.endpoint.endswith("chat/completions"):
+        text = spec.prompt if isinstance(spec.prompt, str) else " ".join(map(str, spec.prompt))
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = spec.prompt
+    return body
+
+
+def discover_model(config: LoadConfig) -> str:
+    """--model, or the first model the server lists."""
+    if config.model:
+        return config.model
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    try:
+        listed = httpx.get(f"{config.base_url.rstrip('/')}/v1/models", headers=headers, timeout=10).json()
+        return listed["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as err:
+        raise ConnectionError(f"--base-url {config.base_url}: cannot list models ({err}); is the server up? "
+                              "or pass --model") from None
+
+
+async def run_once(config: LoadConfig, model: str, seed: int) -> LoadRun:
+    """Warm up, then send num_prompts requests on the arrival schedule under the concurrency limit."""
+    warm_specs = build_requests(config, config.warmup, seed + 1_000_003) if config.warmup else []
+    specs = build_requests(config, config.num_prompts, seed)
+    pool = ConnectionPool(config.base_url, config.api_key)
+    clock = now_clock()
+    records: list[RequestRecord] = []
+    for i, spec in enumerate(warm_specs):
+        record = RequestRecord(-1 - i, spec.prompt_len, spec.output_len, warmup=True)
+        await stream_request(pool, config.endpoint, request_body(config, model, spec), record, clock)
+        records.append(record)
+    offsets = arrival_times(len(specs), config.request_rate, config.burstiness, config.arrival, seed)
+    gate = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+    with Progress(TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not config.progress, transient=True) as progress:
+        task = progress.add_task("requests", total=len(specs))
+        start = clock()
+
+        async def send(i: int, spec: RequestSpec) -> RequestRecord:
+            delay = start + offsets[i] - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            record = RequestRecord(i, spec.prompt_len, spec.output_len)
+            body = request_body(config, model, spec)
+            if gate is None:
+                await stream_request(pool, config.endpoint, body, record, clock)
+            else:
+                async with gate:
+                    await stream_request(pool, config.endpoint, body, record, clock)
+            record.start_s -= start
+            progress.advance(task)
+            return record
+
+        collecting = gc.isenabled()
+        gc.disable()  # a full collection mid-run is a multi-ms stall charged to whichever requests are in flight
+        try:
+            measured = await asyncio.gather(*[send(i, s) for i, s in enumerate(specs)])
+        finally:
+            if collecting:
+                gc.enable()
+        duration = clock() - start  # as vLLM: from the first send until every request is done
+    pool.close()
+    records.extend(measured)
+    return LoadRun(records, duration, serving_metrics(records, duration, config.goodput_ms or None),
+                   by_bucket(records, duration, config.goodput_ms or None))
+
+
+def run_loadgen(config: LoadConfig) -> Feedback:
+    """Run the benchmark config.repeats times and return the Feedback (raw records in the evidence file)."""
+    model = discover_model(config)
+    runs = [asyncio.run(run_once(config, model, config.seed + r)) for r in range(config.repeats)]
+    return to_feedback(config, model, runs)
+
+
+SUMMARY = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("total_token_throughput", "tok/s"))
+LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+
+def to_feedback(config: LoadConfig, model: str, runs: list[LoadRun]) -> Feedback:
+    """Numbers (median across repeats with a CI), per-phase and per-bucket details, raw records as evidence."""
+    numbers: dict[str, Measure] = {}
+
+    def across(name: str, values: list[float], unit: str) -> None:
+        s = bootstrap_median(values)
+        numbers[name] = Measure(s.median, unit, s.lo if len(values) > 1 else None,
+                                s.hi if len(values) > 1 else None, len(values))
+
+    for name, unit in SUMMARY:
+        across(name, [getattr(r.metrics, name) for r in runs], unit)
+    if config.goodput_ms:
+        across("goodput", [r.metrics.goodput or 0.0 for r in runs], "req/s")
+    for name in LATENCIES:
+        for stat in ("median", "p99"):
+            across(f"{name.removesuffix('_ms')}_{stat}_ms", [getattr(getattr(r.metrics, name), stat) for r in runs], "ms")
+    failed = sum(r.metrics.failed for r in runs)
+    errors = [rec.error for r in runs for rec in r.records if not rec.success][:5]
+    verdict = "pass" if failed == 0 else "fail"
+    m = runs[-1].metrics
+    finding = (f"{m.completed} requests in {m.duration_s:.1f}s: {numbers['output_throughput'].value:.1f} output tok/s, "
+               f"TTFT p99 {numbers['ttft_p99_ms'].value:.0f} ms, TPOT median {numbers['tpot_median_ms'].value:.1f} ms"
+               + (f"; {failed} failed ({errors[0]})" if failed else ""))
+    result = {"config": asdict(config), "model": model,
+              "runs": [{"duration_s": r.duration_s, "metrics": asdict(r.metrics), "phases": r.metrics.phases(),
+                        "buckets": {b: {"metrics": asdict(bm), "phases": bm.phases()} for b, bm in r.buckets.items()},
+                        "records": [asdict(rec) for rec in r.records]} for r in runs]}
+    evidence = save_json("loadgen", result, "config, per-run metrics by phase and bucket, raw per-request records")
+    return Feedback("loadgen", verdict, finding, numbers=numbers,
+                    locality={"base_url": config.base_url, "model": model, "endpoint": config.endpoint,
+                              "dataset": config.dataset_name, "request_rate": config.request_rate,
+                              "max_concurrency": config.max_concurrency or "unlimited"},
+                    evidence=[evidence],
+                    next_probes=["infragent record on the server while loadgen runs (where the time goes)"],
+                    details={"runs": [{k: v for k, v in run.items() if k != "records"} for run in result["runs"]],
+                             "raw": result["runs"][-1]["records"]})
