@@ -248,6 +248,25 @@ def loadgen(
 
 
 @app.command()
+def optimize(
+    spec: str = typer.Argument(..., help="The spec TOML: target, knobs, scenarios, criteria."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and print the plan; run nothing."),
+) -> None:
+    """Optimize a target within a spec's criteria (the agent loop; --dry-run validates and plans)."""
+    from infragent.lab.spec import SpecError, load_spec, plan
+
+    try:
+        parsed = load_spec(spec)
+    except SpecError as err:
+        _fail(str(err))
+        return
+    for line in plan(parsed):
+        typer.echo(line)
+    if not dry_run:
+        _fail("optimize: the agent loop is not built yet (issue 7); use --dry-run to validate a spec")
+
+
+@app.command()
 def version() -> None:
     """Print the infragent version."""
     from infragent import __version__

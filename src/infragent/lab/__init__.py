@@ -1,0 +1,1 @@
+"""What humans define and what is kept: spec (TOML), criteria evaluation, ledger (SQLite), report (HTML)."""

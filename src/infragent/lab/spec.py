@@ -1,0 +1,248 @@
+"""The spec: one TOML file with the target, the knobs, the scenarios and the acceptance criteria.
+
+    [target]                      kind = "engine" (model = "llama") or kind = "command" with
+                                  command = "vllm serve M --max-num-seqs {max_num_seqs}", ready_url, base_url
+    [knobs.NAME]                  type = "int" | "float" | "choice" | "bool"; domain = [lo, hi] or choices;
+                                  touches = ["decode", "kv.gather"]   (spans or kernels the knob acts on)
+    [[scenarios]]                 name, and loadgen fields (num_prompts, max_concurrency, request_rate, ...)
+    [[criteria]]                  scenario, metric, phase, bucket; max/min (absolute) or
+                                  max_regression (relative to the baseline) with test and alpha
+
+Validation is pydantic; every error becomes one line "FILE:LINE: FIELD: what is wrong".
+"""
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PHASES = ("prefill", "decode", "request")
+# metric -> (phase it belongs to, whether higher is better)
+METRICS: dict[str, tuple[str, bool]] = {
+    "ttft_median_ms": ("prefill", False), "ttft_p90_ms": ("prefill", False), "ttft_p99_ms": ("prefill", False),
+    "prefill_tok_s": ("prefill", True),
+    "tpot_median_ms": ("decode", False), "tpot_p90_ms": ("decode", False), "tpot_p99_ms": ("decode", False),
+    "itl_median_ms": ("decode", False), "itl_p99_ms": ("decode", False), "decode_tok_s": ("decode", True),
+    "e2el_median_ms": ("request", False), "e2el_p99_ms": ("request", False),
+    "output_tok_s": ("request", True), "request_per_s": ("request", True), "goodput": ("request", True),
+}
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; str() is one line with file, line and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Target(_Strict):
+    """What is optimized: the built-in engine, or a launch command with {knob} placeholders."""
+
+    kind: Literal["engine", "command"] = "engine"
+    model: str = "llama"
+    command: Optional[str] = None
+    ready_url: Optional[str] = None
+    base_url: Optional[str] = None
+    ready_timeout_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _command_needs_urls(self) -> "Target":
+        if self.kind == "command" and not (self.command and self.ready_url and self.base_url):
+            raise ValueError("a command target needs command, ready_url and base_url")
+        return self
+
+
+class Knob(_Strict):
+    """A launch parameter the agent may change."""
+
+    type: Literal["int", "float", "choice", "bool"]
+    domain: list[Union[int, float, str, bool]] = Field(default_factory=list)
+    default: Optional[Union[int, float, str, bool]] = None
+    touches: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _domain_fits_type(self) -> "Knob":
+        if self.type in ("int", "float"):
+            if len(self.domain) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                for v in self.domain):
+                raise ValueError(f"domain: a {self.type} knob needs [low, high]")
+            if self.type == "int" and not all(isinstance(v, int) for v in self.domain):
+                raise ValueError("domain: an int knob needs integer bounds")
+            if self.domain[0] > self.domain[1]:
+                raise ValueError(f"domain: low {self.domain[0]} is above high {self.domain[1]}")
+        elif self.type == "choice" and len(self.domain) < 2:
+            raise ValueError("domain: a choice knob needs at least two choices")
+        elif self.type == "bool" and self.domain and set(self.domain) != {True, False}:
+            raise ValueError("domain: a bool knob's domain is [true, false] (or leave it out)")
+        return self
+
+
+class Scenario(_Strict):
+    """A workload: loadgen settings under a name."""
+
+    name: str = Field(min_length=1)
+    num_prompts: int = Field(64, ge=1)
+    max_concurrency: Optional[int] = Field(None, ge=1)
+    request_rate: float = Field(math.inf, gt=0)
+    burstiness: float = Field(1.0, gt=0)
+    dataset_name: Literal["random", "file", "sharegpt"] = "random"
+    dataset_path: Optional[str] = None
+    random_input_len: int = Field(128, ge=1)
+    random_output_len: int = Field(64, ge=1)
+    length_dist: Literal["fixed", "uniform", "lognormal"] = "fixed"
+    random_range_ratio: float = Field(0.0, ge=0, lt=1)
+    buckets: list[int] = Field(default_factory=lambda: [128, 512, 2048, 8192])
+    repeats: int = Field(3, ge=1)
+
+
+class Criterion(_Strict):
+    """An acceptance rule for one scenario, phase and prompt-length bucket (never averaged across them)."""
+
+    scenario: str
+    metric: str
+    bucket: str = "all"  # a bucket name like "<=512", or "each" for every bucket separately
+    max: Optional[float] = None
+    min: Optional[float] = None
+    max_regression: Optional[float] = Field(None, gt=0, lt=1)  # relative to the baseline, e.g. 0.05
+    test: Literal["paired", "mann-whitney", "bootstrap"] = "paired"
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+        return metric
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Criterion":
+        kinds = [k for k in ("max", "min", "max_regression") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of max, min (absolute) or max_regression (relative)")
+        return self
+
+    @property
+    def phase(self) -> str:
+        return METRICS[self.metric][0]
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.metric][1]
+
+
+class Spec(_Strict):
+    """The whole spec file."""
+
+    target: Target = Field(default_factory=Target)
+    knobs: dict[str, Knob] = Field(default_factory=dict)
+    scenarios: list[Scenario] = Field(min_length=1)
+    criteria: list[Criterion] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> "Spec":
+        names = [s.name for s in self.scenarios]
+        if len(set(names)) != len(names):
+            raise ValueError(f"scenarios: names must be unique, got {names}")
+        for i, c in enumerate(self.criteria):
+            if c.scenario not in names:
+                raise ValueError(f"criteria.{i}.scenario: unknown scenario {c.scenario!r}; known: {', '.join(names)}")
+        if self.target.kind == "engine":
+            from infragent.engine.config import EngineConfig
+
+            known = [f for f in EngineConfig.__dataclass_fields__ if f not in ("model", "hybrid", "gguf_path")]
+            for name in self.knobs:
+                if name not in known:
+                    raise ValueError(f"knobs.{name}: unknown knob for the engine target; known: {', '.join(known)}")
+        if self.target.command:
+            for name in re.findall(r"{(\w+)}", self.target.command):
+                if name not in self.knobs:
+                    raise ValueError(f"target.command: placeholder {{{name}}} is not a declared knob")
+        return self
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec; raises SpecError with one line: FILE:LINE: FIELD: message."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        match = re.search(r"\(at line (\d+), column (\d+)\)", str(err))
+        where = f":{match.group(1)}" if match else ""
+        reason = re.sub(r" \(at line.*", "", str(err))
+        raise SpecError(f"{path}{where}: malformed TOML: {reason}") from None
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as err:
+        # An unknown (misspelled) field explains a "required" error next to it, so it is reported first.
+        first = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+        loc = [str(p) for p in first["loc"]]
+        message = first["msg"].removeprefix("Value error, ")
+        named = re.match(r"([a-z_]+(?:\.[\w]+)*): (.*)", message)
+        if named:  # a model-level check that names its field: "domain: ..." or "criteria.1.scenario: ..."
+            field, message = named.groups()
+            loc = field.split(".") if "." in field else loc + [field]
+        if first["type"] == "extra_forbidden":
+            message = "unknown field; check its spelling"
+        raise SpecError(f"{path}:{locate(text, loc)}: {'.'.join(loc) or 'spec'}: {message}") from None
+
+
+def locate(text: str, loc: list[str]) -> int:
+    """Best line number for a field path like ['knobs', 'max_num_seqs', 'domain'] or ['criteria', '1', 'metric']."""
+    lines = text.splitlines()
+    start, end = 0, len(lines)
+    i = 0
+    while i < len(loc):
+        part = loc[i]
+        if i + 1 < len(loc) and loc[i + 1].isdigit():  # array of tables: the n-th [[part]] header
+            index, count = int(loc[i + 1]), -1
+            for n in range(start, end):
+                if lines[n].strip() == f"[[{part}]]":
+                    count += 1
+                    if count == index:
+                        start = n
+                        end = next((m for m in range(n + 1, len(lines)) if lines[m].lstrip().startswith("[")),
+                                   len(lines))
+                        break
+            i += 2
+            continue
+        header = next((n for n in range(start, end) if re.match(rf"\s*\[+\s*{re.escape('.'.join(loc[:i + 1]))}\s*\]+",
+                                                                  lines[n])), None)
+        if header is not None:
+            start = header
+            end = next((m for m in range(header + 1, len(lines)) if lines[m].lstrip().startswith("[")), len(lines))
+        else:
+            key = next((n for n in range(start, end) if re.match(rf"\s*{re.escape(part)}\s*=", lines[n])), None)
+            if key is not None:
+                return key + 1
+        i += 1
+    return start + 1
+
+
+def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
+    """The steps an optimize run would take, as readable lines (for --dry-run)."""
+    target = spec.target
+    lines = [f"target: {target.kind}" + (f" {target.model}" if target.kind == "engine" else f": {target.command}")]
+    for name, knob in spec.knobs.items():
+        lines.append(f"knob {name}: {knob.type} in {knob.domain}" + (f", touches {', '.join(knob.touches)}"
+                                                                     if knob.touches else ""))
+    for s in spec.scenarios:
+        rate = "all at once" if math.isinf(s.request_rate) else f"{s.request_rate} req/s"
+        lines.append(f"scenario {s.name}: {s.num_prompts} prompts x {s.repeats} repeats, {rate}, concurrency "
+                     f"{s.max_concurrency or 'unlimited'}, input {s.random_input_len} ({s.length_dist}), "
+                     f"output {s.random_output_len}, buckets {s.buckets}")
+    for c in spec.criteria:
+        rule = (f"<= {c.max}" if c.max is not None else f">= {c.min}" if c.min is not None
+                else f"regression <= {c.max_regression:.0%} vs baseline ({c.test}, alpha {c.alpha})")
+        lines.append(f"criterion [{c.scenario} / {c.phase} / bucket {c.bucket}] {c.metric} {rule}")
+    lines.append("steps: launch target -> baseline loadgen per scenario -> propose knob values -> check -> "
+                 "bench -> loadgen -> judge every criterion per phase and bucket -> ledger")
+    return lines
