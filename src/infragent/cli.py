@@ -266,6 +266,80 @@ def optimize(
         _fail("optimize: the agent loop is not built yet (issue 7); use --dry-run to validate a spec")
 
 
+DEFAULT_LEDGER = ".infragent/ledger.sqlite"
+
+
+@app.command()
+def measure(
+    spec: str = typer.Argument(..., help="The spec TOML."),
+    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="SQLite ledger file."),
+    resume: Optional[int] = typer.Option(None, "--resume", help="Continue an interrupted run by its id."),
+) -> None:
+    """Measure the spec's target on every scenario (baseline), recording each probe in the ledger."""
+    from infragent.lab.ledger import Ledger, LedgerError
+    from infragent.lab.measure import measure as run_measure
+    from infragent.lab.spec import SpecError
+    from infragent.lab.target import TargetError
+
+    try:
+        run_id = run_measure(spec, Ledger(ledger), resume, log=lambda line: typer.echo(line, err=True))
+    except (SpecError, LedgerError, TargetError, ValueError) as err:
+        _fail(str(err))
+        return
+    typer.echo(run_id)
+
+
+@app.command()
+def runs(
+    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger"),
+    export: Optional[str] = typer.Option(None, "--export", help="Write every run as JSONL to this file."),
+) -> None:
+    """List the ledger's runs (or export them as JSONL)."""
+    import time as _time
+
+    from infragent.lab.ledger import Ledger, LedgerError
+
+    try:
+        book = Ledger(ledger)
+    except LedgerError as err:
+        _fail(str(err))
+        return
+    if export:
+        with open(export, "w") as f:
+            for line in book.export_jsonl():
+                f.write(line + "\n")
+        return
+    for run in book.runs():
+        when = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(run["created"]))
+        typer.echo(f"{run['id']:5d}  {when}  {run['kind']:8s} {run['status']:10s} {run['probes']:4d} probes  {run['spec']}")
+
+
+@app.command()
+def show(
+    run_id: int = typer.Argument(..., help="Run id (see `infragent runs`)."),
+    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Show one run: its status and every recorded probe's verdict and finding."""
+    import json as _json
+
+    from infragent.lab.ledger import Ledger, LedgerError
+
+    try:
+        book = Ledger(ledger)
+        row = book.run(run_id)
+    except LedgerError as err:
+        _fail(str(err))
+        return
+    results = book.probe_results(run_id)
+    if as_json:
+        typer.echo(_json.dumps({"run": row, "probes": results}, indent=2))
+        return
+    typer.echo(f"run {run_id}: {row['kind']} {row['status']} spec={row['spec_path']}")
+    for r in results:
+        typer.echo(f"  {r['key']:24s} [{r['probe']}] {r['verdict'].upper()}: {r['finding']}")
+
+
 @app.command()
 def version() -> None:
     """Print the infragent version."""

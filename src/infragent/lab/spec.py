@@ -49,6 +49,7 @@ class Target(_Strict):
     ready_url: Optional[str] = None
     base_url: Optional[str] = None
     ready_timeout_s: float = Field(300.0, gt=0)
+    serve_args: list[str] = Field(default_factory=list)  # extra `infragent serve` flags for an engine target
 
     @model_validator(mode="after")
     def _command_needs_urls(self) -> "Target":

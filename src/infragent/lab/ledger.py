@@ -1,0 +1,164 @@
+"""The ledger: an append-only SQLite (WAL) record of runs, experiments, probe results, feedback, artifacts
+and environments. Every write is its own transaction, so a `kill -9` loses at most the probe in flight,
+and a run can be resumed from what it has recorded.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS environments (
+    id INTEGER PRIMARY KEY, hash TEXT UNIQUE NOT NULL, data TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, kind TEXT NOT NULL, spec_path TEXT, spec_hash TEXT, status TEXT NOT NULL,
+    environment_id INTEGER REFERENCES environments(id), target_pgid INTEGER, created REAL NOT NULL,
+    updated REAL NOT NULL, note TEXT);
+CREATE TABLE IF NOT EXISTS experiments (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), name TEXT NOT NULL,
+    knobs TEXT NOT NULL, created REAL NOT NULL, UNIQUE (run_id, name));
+CREATE TABLE IF NOT EXISTS probe_results (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), experiment_id INTEGER REFERENCES experiments(id),
+    key TEXT NOT NULL, probe TEXT NOT NULL, verdict TEXT NOT NULL, finding TEXT NOT NULL, numbers TEXT NOT NULL,
+    created REAL NOT NULL, UNIQUE (run_id, key));
+CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY, probe_result_id INTEGER NOT NULL REFERENCES probe_results(id), data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS artifacts (
+    id INTEGER PRIMARY KEY, probe_result_id INTEGER REFERENCES probe_results(id), sha256 TEXT NOT NULL,
+    path TEXT NOT NULL, description TEXT NOT NULL);
+"""
+
+
+class LedgerError(RuntimeError):
+    """A ledger that cannot be opened or a run that does not exist; the message says which."""
+
+
+class Ledger:
+    """One SQLite file; artifacts are copied under <ledger dir>/artifacts/<sha256>."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # autocommit; explicit txns
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")  # a committed probe survives power loss, not just kill -9
+            self.db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as err:
+            raise LedgerError(f"{self.path}: not a usable ledger ({err})") from None
+        self.artifact_root = self.path.parent / "artifacts"
+
+    def _write(self, sql: str, args: tuple) -> int:
+        with self._transaction():
+            return int(self.db.execute(sql, args).lastrowid or 0)
+
+    def _transaction(self) -> Any:
+        return _Txn(self.db)
+
+    def environment(self, data: dict[str, Any]) -> int:
+        """Store an environment once (deduplicated by hash); return its id."""
+        blob = json.dumps(data, sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()
+        with self._transaction():
+            self.db.execute("INSERT OR IGNORE INTO environments (hash, data, created) VALUES (?, ?, ?)",
+                            (digest, blob, time.time()))
+            return int(self.db.execute("SELECT id FROM environments WHERE hash = ?", (digest,)).fetchone()[0])
+
+    def start_run(self, kind: str, spec_path: str | None, spec_hash: str | None, environment_id: int | None) -> int:
+        """A new run in status 'running'."""
+        now = time.time()
+        return self._write("INSERT INTO runs (kind, spec_path, spec_hash, status, environment_id, created, updated) "
+                           "VALUES (?, ?, ?, 'running', ?, ?, ?)", (kind, spec_path, spec_hash, environment_id, now, now))
+
+    def run(self, run_id: int) -> dict[str, Any]:
+        """One run's row as a dict."""
+        row = self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"{self.path}: no run {run_id}; `infragent runs` lists them")
+        return dict(zip([c[0] for c in self.db.execute("SELECT * FROM runs LIMIT 0").description], row))
+
+    def set_run(self, run_id: int, **fields: Any) -> None:
+        """Update status, target_pgid or note."""
+        names = ", ".join(f"{k} = ?" for k in fields)
+        self._write(f"UPDATE runs SET {names}, updated = ? WHERE id = ?", (*fields.values(), time.time(), run_id))
+
+    def experiment(self, run_id: int, name: str, knobs: dict[str, Any]) -> int:
+        """The experiment (knob setting) of a run, created once."""
+        with self._transaction():
+            self.db.execute("INSERT OR IGNORE INTO experiments (run_id, name, knobs, created) VALUES (?, ?, ?, ?)",
+                            (run_id, name, json.dumps(knobs, sort_keys=True), time.time()))
+            return int(self.db.execute("SELECT id FROM experiments WHERE run_id = ? AND name = ?",
+                                       (run_id, name)).fetchone()[0])
+
+    def record_probe(self, run_id: int, key: str, feedback: dict[str, Any], experiment_id: int | None = None,
+                     artifacts: list[tuple[str, str]] = ()) -> int:
+        """Store one completed probe, its Feedback and its artifacts in one transaction (key unique per run)."""
+        stored = [self._store_artifact(path, description) for path, description in artifacts]
+        numbers = {k: v.get("value") for k, v in feedback.get("numbers", {}).items()}
+        with self._transaction():
+            pid = int(self.db.execute(
+                "INSERT INTO probe_results (run_id, experiment_id, key, probe, verdict, finding, numbers, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run_id, experiment_id, key, feedback["probe"], feedback["verdict"],
+                                                    feedback["finding"], json.dumps(numbers), time.time())).lastrowid)
+            self.db.execute("INSERT INTO feedback (probe_result_id, data) VALUES (?, ?)", (pid, json.dumps(feedback)))
+            for sha, path, description in stored:
+                self.db.execute("INSERT INTO artifacts (probe_result_id, sha256, path, description) VALUES (?, ?, ?, ?)",
+                                (pid, sha, path, description))
+            self.db.execute("UPDATE runs SET updated = ? WHERE id = ?", (time.time(), run_id))
+        return pid
+
+    def _store_artifact(self, path: str, description: str) -> tuple[str, str, str]:
+        data = Path(path).read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        target = self.artifact_root / sha[:2] / sha
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, target)  # atomic: a crash never leaves a half-written artifact under its hash
+        return sha, str(target), description
+
+    def completed_keys(self, run_id: int) -> set[str]:
+        """Keys of the probes a run has recorded."""
+        return {k for (k,) in self.db.execute("SELECT key FROM probe_results WHERE run_id = ?", (run_id,))}
+
+    def probe_results(self, run_id: int) -> list[dict[str, Any]]:
+        """A run's probe results, oldest first, with their feedback."""
+        rows = self.db.execute("SELECT p.id, p.key, p.probe, p.verdict, p.finding, p.numbers, p.created, f.data "
+                               "FROM probe_results p JOIN feedback f ON f.probe_result_id = p.id "
+                               "WHERE p.run_id = ? ORDER BY p.id", (run_id,)).fetchall()
+        return [{"id": r[0], "key": r[1], "probe": r[2], "verdict": r[3], "finding": r[4],
+                 "numbers": json.loads(r[5]), "created": r[6], "feedback": json.loads(r[7])} for r in rows]
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run with its probe count, newest first."""
+        rows = self.db.execute("SELECT r.id, r.kind, r.status, r.spec_path, r.created, COUNT(p.id) FROM runs r "
+                               "LEFT JOIN probe_results p ON p.run_id = r.id GROUP BY r.id ORDER BY r.id DESC")
+        return [{"id": r[0], "kind": r[1], "status": r[2], "spec": r[3], "created": r[4], "probes": r[5]} for r in rows]
+
+    def export_jsonl(self) -> Iterator[str]:
+        """Every run with its environment and probe results, one JSON object per line."""
+        for run in reversed(self.runs()):
+            row = self.run(run["id"])
+            env = self.db.execute("SELECT data FROM environments WHERE id = ?", (row["environment_id"],)).fetchone()
+            yield json.dumps({"run": row, "environment": json.loads(env[0]) if env else None,
+                              "probes": self.probe_results(run["id"])})
+
+
+class _Txn:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on error."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

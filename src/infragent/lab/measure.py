@@ -1,0 +1,89 @@
+"""A measure run: launch the spec's target, run every scenario's loadgen repeats, judge the absolute criteria,
+and record each completed probe in the ledger as it finishes. A run killed part-way resumes where it stopped:
+recorded probes are kept and skipped, and a target left behind by the crashed run is stopped by its group.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from infragent.analysis.serving_metrics import RequestRecord
+from infragent.lab import environment
+from infragent.lab.criteria import Run, judge
+from infragent.lab.ledger import Ledger
+from infragent.lab.spec import Scenario, Spec, load_spec
+from infragent.lab.target import TargetProcess, stop_group
+from infragent.probes.loadgen import LoadConfig, run_loadgen
+
+
+def loadgen_config(scenario: Scenario, base_url: str, repeat: int) -> LoadConfig:
+    """One repeat of a scenario; the seed is the repeat number, so baseline and candidate get the same prompts."""
+    return LoadConfig(base_url=base_url, num_prompts=scenario.num_prompts, max_concurrency=scenario.max_concurrency,
+                      request_rate=scenario.request_rate, burstiness=scenario.burstiness,
+                      dataset_name=scenario.dataset_name, dataset_path=scenario.dataset_path,
+                      random_input_len=scenario.random_input_len, random_output_len=scenario.random_output_len,
+                      length_dist=scenario.length_dist, random_range_ratio=scenario.random_range_ratio,
+                      repeats=1, seed=repeat, progress=False)
+
+
+def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,
+            log: Callable[[str], None] = print) -> int:
+    """Run (or resume) a baseline measurement of the spec's target; return the run id."""
+    spec = load_spec(spec_path)
+    spec_hash = hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
+    if resume is None:
+        run_id = ledger.start_run("measure", str(spec_path), spec_hash, ledger.environment(environment.capture()))
+    else:
+        run_id = resume
+        row = ledger.run(run_id)
+        if row["spec_hash"] != spec_hash:
+            raise ValueError(f"run {run_id} was made from a different spec (hash {row['spec_hash'][:12]}); "
+                             "resume it with the same file")
+        if row["target_pgid"] and stop_group(row["target_pgid"], grace_s=5):
+            log(f"stopped the target process group {row['target_pgid']} left by the interrupted run")
+        ledger.set_run(run_id, status="running")
+    done = ledger.completed_keys(run_id)
+    experiment = ledger.experiment(run_id, "baseline", {})
+    todo = [(s, r) for s in spec.scenarios for r in range(s.repeats) if f"{s.name}/{r}" not in done]
+    log(f"run {run_id}: {len(done)} probes recorded, {len(todo)} to go")
+    if todo:
+        log_path = ledger.path.parent / "logs" / f"run-{run_id}-target.log"
+        with TargetProcess(spec.target, {}, log_path) as target:
+            ledger.set_run(run_id, target_pgid=target.pgid)
+            for scenario, repeat in todo:
+                feedback = run_loadgen(loadgen_config(scenario, target.base_url, repeat))
+                ledger.record_probe(run_id, f"{scenario.name}/{repeat}", feedback.to_dict(), experiment,
+                                    [(e.path, e.description) for e in feedback.evidence])
+                log(f"  {scenario.name}/{repeat}: {feedback.finding}")
+        ledger.set_run(run_id, target_pgid=None)
+    _judge_absolute(spec, ledger, run_id, log)
+    ledger.set_run(run_id, status="completed")
+    return run_id
+
+
+def _judge_absolute(spec: Spec, ledger: Ledger, run_id: int, log: Callable[[str], None]) -> None:
+    """Judge every absolute criterion on the recorded loadgen runs and record the judgements."""
+    results = {r["key"]: r for r in ledger.probe_results(run_id)}
+    for i, criterion in enumerate(spec.criteria):
+        key = f"criterion/{i}"
+        if criterion.max_regression is not None or key in results:
+            continue  # relative criteria need a candidate (the agent loop); judged ones are kept
+        scenario = next(s for s in spec.scenarios if s.name == criterion.scenario)
+        runs = [_as_run(ledger, results[f"{scenario.name}/{r}"]) for r in range(scenario.repeats)]
+        judgements = judge(criterion, runs, bounds=tuple(scenario.buckets))
+        verdict = ("fail" if any(j.verdict == "fail" for j in judgements)
+                   else "pass" if all(j.verdict == "pass" for j in judgements) else "inconclusive")
+        finding = "; ".join(j.message for j in judgements)
+        ledger.record_probe(run_id, key, {"probe": "criterion", "verdict": verdict, "finding": finding, "numbers": {},
+                                          "details": {"judgements": [asdict(j) for j in judgements]}})
+        log(f"  criterion {i} [{criterion.metric}]: {verdict.upper()}: {finding}")
+
+
+def _as_run(ledger: Ledger, result: dict) -> Run:
+    """A recorded loadgen probe back as records (from the ledger's content-addressed copy of its evidence)."""
+    sha = result["feedback"]["evidence"][0]["sha256"]
+    data = json.loads((ledger.artifact_root / sha[:2] / sha).read_text())["runs"][-1]
+    return Run([RequestRecord(**r) for r in data["records"]], data["duration_s"])

@@ -1,0 +1,137 @@
+"""The target runner: launch a target with knob values in its own process group, wait until it is ready,
+capture its logs, and stop it by that process group only (never a broad kill)."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from infragent.lab.spec import Target
+
+# Engine knobs that `infragent serve` takes as flags.
+SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
+               "max_model_len": "--max-model-len", "block_size": "--block-size", "kv_cache_gb": "--kv-cache-gb",
+               "num_threads": "--threads"}
+
+
+class TargetError(RuntimeError):
+    """The target did not start or become ready; the message carries the tail of its log."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(target: Target, knobs: dict[str, Any]) -> tuple[list[str], str, str]:
+    """(argv, base_url, ready_url) for a target with these knob values."""
+    if target.kind == "command":
+        try:
+            command = target.command.format(**knobs)  # type: ignore[union-attr]
+        except KeyError as err:
+            raise TargetError(f"target.command: no value for knob {err}") from None
+        return shlex.split(command), target.base_url, target.ready_url  # type: ignore[return-value]
+    unknown = [k for k in knobs if k not in SERVE_FLAGS]
+    if unknown:
+        raise TargetError(f"knobs {unknown}: not settable on the engine server; settable: {', '.join(SERVE_FLAGS)}")
+    port = _free_port()
+    argv = [sys.executable, "-m", "infragent.cli", "serve", "--model", target.model, "--port", str(port),
+            *target.serve_args]
+    for name, value in knobs.items():
+        argv += [SERVE_FLAGS[name], str(value)]
+    url = f"http://127.0.0.1:{port}"
+    return argv, url, f"{url}/health"
+
+
+class TargetProcess:
+    """A running target; use as a context manager."""
+
+    def __init__(self, target: Target, knobs: dict[str, Any], log_path: str | Path) -> None:
+        self.argv, self.base_url, self.ready_url = launch_command(target, knobs)
+        self.timeout = target.ready_timeout_s
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "TargetProcess":
+        """Launch (new session = new process group) and wait for the readiness URL to answer 200."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise TargetError(f"target exited with status {self.proc.returncode} before it was ready: "
+                                  f"{self.log_tail()}")
+            try:
+                if httpx.get(self.ready_url, timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TargetError(f"target not ready at {self.ready_url} after {self.timeout:.0f}s: {self.log_tail()}")
+
+    @property
+    def pgid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None  # session leader: its pid is the group id
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM the target's process group, then SIGKILL it if it has not exited in grace_s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        except ProcessLookupError:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything of the group still alive
+        except ProcessLookupError:
+            pass
+        self.proc.wait(5)
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The last lines of the target's log, on one line."""
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "TargetProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_group(pgid: int, grace_s: float = 15.0) -> bool:
+    """Stop one process group (SIGTERM, then SIGKILL); False if it was already gone."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
