@@ -341,6 +341,26 @@ def show(
 
 
 @app.command()
+def report(
+    run_id: int = typer.Argument(..., help="Run id (see `infragent runs`)."),
+    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="HTML file (default: run-ID.html)."),
+    trace: Optional[str] = typer.Option(None, "--trace", help="A Chrome trace to show a timeline excerpt from."),
+) -> None:
+    """Write one self-contained HTML report of a run."""
+    from infragent.lab.ledger import Ledger, LedgerError
+    from infragent.lab.report import write_report
+    from infragent.trace_model import TraceFormatError
+
+    try:
+        path = write_report(Ledger(ledger), run_id, output or f"run-{run_id}.html", trace)
+    except (LedgerError, TraceFormatError) as err:
+        _fail(str(err))
+        return
+    typer.echo(path)
+
+
+@app.command()
 def version() -> None:
     """Print the infragent version."""
     from infragent import __version__
