@@ -92,3 +92,10 @@ def metric(url: str, name: str, labels: str = "") -> float:
         if line.startswith(key + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def tiny_target_toml() -> str:
+    """The [target] table of a spec that serves the tiny hybrid model (for measure/report tests)."""
+    return ('[target]\nkind = "engine"\nmodel = "hybrid"\nserve_args = ["--hybrid-config", '
+            f"'{json.dumps(TINY_HYBRID)}', "
+            '"--max-model-len", "512", "--kv-cache-gb", "0.05", "--threads", "1"]\n')

@@ -14,7 +14,7 @@ import pytest
 
 from infragent.lab.environment import capture
 from infragent.lab.ledger import Ledger, LedgerError
-from server_fixture import TINY_HYBRID
+from server_fixture import tiny_target_toml
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 
@@ -52,11 +52,7 @@ def test_a_file_that_is_not_a_ledger_is_named(tmp_path):
         Ledger(bad)
 
 
-SPEC = """\
-[target]
-kind = "engine"
-model = "hybrid"
-serve_args = ["--hybrid-config", '{config}', "--max-model-len", "512", "--kv-cache-gb", "0.05", "--threads", "1"]
+SPEC = tiny_target_toml() + """\
 
 [[scenarios]]
 name = "tiny"
@@ -87,7 +83,7 @@ def _probe_rows(path: Path) -> list[tuple]:
 
 def test_kill_9_mid_run_then_resume_loses_nothing(tmp_path):
     spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC.replace("{config}", json.dumps(TINY_HYBRID)))
+    spec.write_text(SPEC)
     ledger = tmp_path / "ledger.sqlite"
     env = {**os.environ, "PYTHONPATH": str(SRC), "INFRAGENT_ARTIFACTS": str(tmp_path / "artifacts-in")}
     proc = subprocess.Popen(_cli("measure", str(spec), "--ledger", str(ledger), cwd=tmp_path), cwd=tmp_path, env=env,

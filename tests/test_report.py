@@ -1,7 +1,6 @@
 """The HTML report: built from a real measure run in the ledger, rendered in headless Chromium."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -11,16 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from server_fixture import TINY_HYBRID
+from server_fixture import tiny_target_toml
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
-SPEC = """\
-[target]
-kind = "engine"
-model = "hybrid"
-serve_args = ["--hybrid-config", '{config}', "--max-model-len", "512", "--kv-cache-gb", "0.05", "--threads", "1"]
+SPEC = tiny_target_toml() + """\
 
 [[scenarios]]
 name = "short"
@@ -55,7 +50,7 @@ def report(tmp_path_factory) -> Path:
     """Run `infragent measure` on a tiny target, record a trace, and write the report."""
     tmp = tmp_path_factory.mktemp("report")
     spec = tmp / "spec.toml"
-    spec.write_text(SPEC.replace("{config}", json.dumps(TINY_HYBRID)))
+    spec.write_text(SPEC)
     env = {**os.environ, "PYTHONPATH": str(SRC), "INFRAGENT_ARTIFACTS": str(tmp / "artifacts-in")}
     ledger = str(tmp / "ledger.sqlite")
     cli = [sys.executable, "-m", "infragent.cli"]
