@@ -77,6 +77,8 @@ def _probe_rows(path: Path) -> list[tuple]:
     db = sqlite3.connect(path, timeout=30)
     try:
         return db.execute("SELECT id, key, created FROM probe_results ORDER BY id").fetchall()
+    except sqlite3.OperationalError:  # the measure process has created the file but not yet its tables
+        return []
     finally:
         db.close()
 
