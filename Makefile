@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
 	  echo "note: chromium is not installed; the report's headless-rendering test will be skipped"
+	@command -v npm >/dev/null 2>&1 && npm install --prefix $(VENV) --no-save --silent --no-audit --no-fund \
+	  playwright-core >/dev/null 2>&1 || echo "note: no npm/playwright-core; the Playwright render test will be skipped"
 	touch $(STAMP)
 
 clean:

@@ -1,6 +1,7 @@
 """The HTML report: built from a real measure run in the ledger, rendered in headless Chromium."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -77,6 +78,23 @@ def test_report_is_self_contained_and_complete(report):
     assert page.count('class="point"') == 4  # 2 scenarios x 2 repeats
     assert "short &lt;=128" in page and "paced &lt;=512" in page  # breakdown by bucket
     assert page.count('class="span"') == 5 and "engine-loop" in page  # timeline excerpt, two threads
+
+
+PLAYWRIGHT = Path(__file__).resolve().parent.parent / ".venv" / "node_modules" / "playwright-core"
+
+
+@pytest.mark.skipif(CHROMIUM is None or shutil.which("node") is None or not PLAYWRIGHT.exists(),
+                    reason="needs Debian's chromium, node and playwright-core (make test installs them where it can)")
+def test_report_renders_in_playwright(report):
+    env = {**os.environ, "NODE_PATH": str(PLAYWRIGHT.parent)}
+    out = subprocess.run(["node", str(Path(__file__).parent / "render_report.cjs"), str(report), CHROMIUM],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout)
+    assert seen["title"] == "Run 1: measure — completed"
+    assert {c["metric"]: c["verdict"] for c in seen["criteria"]} == {"ttft_median_ms": "pass", "output_tok_s": "fail"}
+    assert len(seen["cdfLines"]) == 6 and all(w > 10 for w in seen["cdfLines"])  # 3 CDFs x 2 scenarios, drawn
+    assert seen["points"] == 4 and len(seen["bars"]) >= 4 and max(seen["bars"]) > 50 and seen["spans"] == 5
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it where it can)")
