@@ -1,0 +1,54 @@
+"""How often does an A/A pair of real runs pass a relative criterion? Two identical SmolLM2 servers, N
+independent A/A comparisons (3 repeats a side, fresh prompts each time), judged with
+`ttft_median_ms regression <= 5%` per bucket. Must show (issue 5): at least 95% pass.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/criteria_aa.py [--pairs 20] [--prompts 24]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from criteria_planted import measure
+from infragent.lab.criteria import judge
+from infragent.lab.spec import Criterion, Scenario, Target
+from infragent.lab.target import TargetProcess
+
+
+def main() -> None:
+    """Run the A/A comparisons and print the pass rate with every failure's message."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=20)
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    scenario = Scenario(name="mixed", num_prompts=args.prompts, max_concurrency=1, random_input_len=200,
+                        random_output_len=4, length_dist="uniform", random_range_ratio=0.7, repeats=3)
+    criterion = Criterion(scenario="mixed", metric="ttft_median_ms", bucket="each", max_regression=0.05)
+    baseline = Target(kind="engine", model="llama", serve_args=["--threads", "2"])
+    order = random.Random(0)
+    outcomes = []
+    with TargetProcess(baseline, {}, Path(".infragent/logs/aa-1.log")) as a, \
+            TargetProcess(baseline, {}, Path(".infragent/logs/aa-2.log")) as b:
+        for k in range(args.pairs):
+            runs = {"A": [], "B": []}
+            for repeat in range(3):
+                pair = [("A", a), ("B", b)]
+                order.shuffle(pair)
+                for name, target in pair:  # seed 1000k + repeat: prompts never repeat on a server
+                    runs[name].append(measure(target, scenario, 1000 * k + repeat))
+            judgements = judge(criterion, runs["B"], runs["A"], bounds=tuple(scenario.buckets), seed=k)
+            passed = all(j.verdict == "pass" for j in judgements)
+            outcomes.append({"pass": passed, "messages": [j.message for j in judgements]})
+            print(f"A/A {k + 1:2d}: {'PASS' if passed else 'FAIL'}  " + " | ".join(j.message for j in judgements),
+                  flush=True)
+    rate = sum(o["pass"] for o in outcomes)
+    print(f"A/A pairs passing: {rate}/{len(outcomes)} (must show: >= 95%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(outcomes, indent=1))
+
+
+if __name__ == "__main__":
+    main()
