@@ -120,3 +120,14 @@ def test_cli_errors_are_one_line():
     down = subprocess.run([sys.executable, "-m", "infragent.cli", "loadgen", "--base-url", "http://127.0.0.1:9"],
                           capture_output=True, text=True, env=env)
     assert down.returncode == 2 and "cannot list models" in down.stderr and "Traceback" not in down.stderr
+
+
+def test_chat_endpoint_gets_text_prompts(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFRAGENT_ARTIFACTS", str(tmp_path))
+    with thread_server() as url:
+        fb = run_loadgen(LoadConfig(base_url=url, endpoint="/v1/chat/completions", num_prompts=6, max_concurrency=3,
+                                    random_input_len=24, random_output_len=4, warmup=0, progress=False))
+    assert fb.verdict == "pass", fb.finding
+    records = json.loads(Path(fb.evidence[0].path).read_text())["runs"][0]["records"]
+    assert all(r["success"] and r["output_tokens"] == 4 for r in records)
+    assert all(r["prompt_tokens"] > 24 for r in records)  # the chat template wraps the decoded prompt

@@ -67,8 +67,15 @@ class LoadRun:
 def build_requests(config: LoadConfig, n: int, seed: int) -> list[RequestSpec]:
     """The dataset's first n requests (random ones are drawn fresh from seed)."""
     if config.dataset_name == "random":
-        return random_requests(n, config.random_input_len, config.random_output_len, config.vocab_size,
-                               config.length_dist, config.random_range_ratio, config.lognormal_sigma, seed)
+        requests = random_requests(n, config.random_input_len, config.random_output_len, config.vocab_size,
+                                   config.length_dist, config.random_range_ratio, config.lognormal_sigma, seed)
+        if config.endpoint.endswith("chat/completions"):  # chat takes text: decode the ids (as vLLM does)
+            from infragent.engine.tokenizer import Tokenizer
+
+            tokenizer = Tokenizer.from_gguf()
+            for request in requests:
+                request.prompt = tokenizer.decode(request.prompt)  # type: ignore[arg-type]
+        return requests
     if not config.dataset_path:
         raise ValueError(f"--dataset-name {config.dataset_name}: needs --dataset-path")
     from infragent.engine.tokenizer import Tokenizer
@@ -89,8 +96,7 @@ def request_body(config: LoadConfig, model: str, spec: RequestSpec) -> dict[str,
     body: dict[str, Any] = {"model": model, "max_tokens": spec.output_len, "stream": True, "temperature": 0.0,
                             "stream_options": {"include_usage": True}, "ignore_eos": config.ignore_eos}
     if config.endpoint.endswith("chat/completions"):
-        text = spec.prompt if isinstance(spec.prompt, str) else " ".join(map(str, spec.prompt))
-        body["messages"] = [{"role": "user", "content": text}]
+        body["messages"] = [{"role": "user", "content": spec.prompt}]
     else:
         body["prompt"] = spec.prompt
     return body
