@@ -179,7 +179,7 @@ def test_peaks_are_cached_per_machine(monkeypatch, cache_dir):
     machine_peaks(threads=1)  # another thread count is another machine key
     machine_peaks(threads=2, quick=True)  # quick numbers never stand in for full ones
     assert len(calls) == 3
-    monkeypatch.setattr(machine, "_cpu_model", lambda: "Some Other CPU")
+    monkeypatch.setattr(machine, "cpu_model", lambda: "Some Other CPU")
     machine_peaks(threads=2)
     assert len(calls) == 4
     machine_peaks(threads=2)

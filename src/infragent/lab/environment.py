@@ -8,6 +8,8 @@ import subprocess
 from importlib import metadata
 from typing import Any
 
+from infragent.probes.machine import cpu_model
+
 PACKAGES = ("infragent", "torch", "numpy", "scipy", "fastapi", "uvicorn", "transformers", "vllm", "sglang")
 
 
@@ -16,16 +18,6 @@ def _git(*args: str) -> str | None:
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def capture() -> dict[str, Any]:
@@ -47,7 +39,7 @@ def capture() -> dict[str, Any]:
         torch_threads = None
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
     diff = _git("diff", "HEAD")
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
             "platform": platform.platform(), "packages": versions, "torch_threads": torch_threads,
             "git_commit": commit, "git_dirty": bool(diff),
             "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None}

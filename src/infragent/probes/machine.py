@@ -67,7 +67,8 @@ class Peaks:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (or what platform knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -79,7 +80,7 @@ def _cpu_model() -> str:
 
 def machine_key(threads: int | None = None) -> dict[str, Any]:
     """Identity of the machine the peaks belong to: CPU model, core count, torch threads, torch version."""
-    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count() or 0,
+    return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count() or 0,
             "threads": threads if threads is not None else torch.get_num_threads(), "torch": torch.__version__}
 
 
