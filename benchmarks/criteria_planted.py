@@ -1,25 +1,22 @@
 """The criteria engine on real runs: a planted 8% prefill regression must fail (naming phase and bucket),
 and an A/A pair must pass. Three real `infragent serve` targets with SmolLM2-135M: two identical baselines
-(A, A2) and one with prefill steps made 8% slower (benchmarks/planted_server.py). Each repeat measures all
-three, in shuffled order, with the same prompts (seed = repeat).
+(A, A2) and one with prefill steps made 8% slower (benchmarks/planted_server.py). Each repeat sends the same
+prompts (seed = repeat) to all three, request by request in shuffled order (lab.measure.interleaved_repeat).
 
     PYTHONPATH=src .venv/bin/python benchmarks/criteria_planted.py [--repeats 3] [--prompts 24]
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import random
 import socket
 import sys
 from pathlib import Path
 
 from infragent.lab.criteria import Run, judge
-from infragent.lab.measure import loadgen_config
+from infragent.lab.measure import interleaved_repeat
 from infragent.lab.spec import Criterion, Scenario, Target
 from infragent.lab.target import TargetProcess
-from infragent.probes.loadgen import run_once
 
 HERE = Path(__file__).resolve().parent
 
@@ -28,13 +25,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def measure(target: TargetProcess, scenario: Scenario, repeat: int) -> Run:
-    """One loadgen repeat (seed = repeat, so both targets get the same prompts)."""
-    config = loadgen_config(scenario, target.base_url, repeat)
-    result = asyncio.run(run_once(config, "llama", config.seed))
-    return Run(result.records, result.duration_s)
 
 
 def main() -> None:
@@ -55,16 +45,14 @@ def main() -> None:
     baseline = Target(kind="engine", model="llama", serve_args=["--threads", "2"])
     logs = Path(".infragent/logs")
     runs: dict[str, list[Run]] = {"A": [], "A2": [], "B": []}
-    order = random.Random(0)
     # A2 is a second baseline server: the same prompts sent twice to one server would hit its prefix cache.
     with TargetProcess(baseline, {}, logs / "baseline.log") as a, \
             TargetProcess(baseline, {}, logs / "baseline2.log") as a2, \
             TargetProcess(planted, {}, logs / "planted.log") as b:
-        for repeat in range(args.repeats):
-            trio = [("A", a), ("A2", a2), ("B", b)]
-            order.shuffle(trio)  # no target always goes first
-            for name, target in trio:
-                runs[name].append(measure(target, scenario, repeat))
+        for repeat in range(args.repeats):  # each request goes to all three back to back, in random order
+            trio = interleaved_repeat(scenario, {"A": a.base_url, "A2": a2.base_url, "B": b.base_url}, repeat)
+            for name, run in trio.items():
+                runs[name].append(run)
     criterion = Criterion(scenario="mixed", metric="ttft_median_ms", bucket="each", max_regression=0.05)
     result = {}
     for label, cand, base in (("planted +8% prefill vs baseline", runs["B"], runs["A"]),

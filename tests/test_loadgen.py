@@ -131,3 +131,36 @@ def test_chat_endpoint_gets_text_prompts(tmp_path, monkeypatch):
     records = json.loads(Path(fb.evidence[0].path).read_text())["runs"][0]["records"]
     assert all(r["success"] and r["output_tokens"] == 4 for r in records)
     assert all(r["prompt_tokens"] > 24 for r in records)  # the chat template wraps the decoded prompt
+
+
+def test_interleaved_runs_send_twin_requests_back_to_back():
+    """A/B interleaving: each block goes to both sides before the next, in a random order per block."""
+    import asyncio
+
+    from infragent.probes.load_pairs import run_interleaved
+    from infragent.probes.mock_endpoint import serve_mock
+
+    async def main():
+        log: list[tuple[str, int]] = []
+        servers = {name: await serve_mock(log=log, name=name) for name in ("A", "B")}
+        configs = {name: LoadConfig(base_url=f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}", num_prompts=12,
+                                    max_concurrency=1, random_input_len=50, random_output_len=3, length_dist="uniform",
+                                    random_range_ratio=0.5, warmup=1, progress=False)
+                   for name, s in servers.items()}
+        runs = await run_interleaved(configs, {"A": "mock", "B": "mock"}, seed=7)
+        for s in servers.values():
+            s.close()
+        return log, runs
+
+    log, runs = asyncio.run(main())
+    measured = log[2:]  # after one warm-up request per side
+    assert len(measured) == 24
+    blocks = [measured[k:k + 2] for k in range(0, 24, 2)]
+    assert all({side for side, _ in b} == {"A", "B"} and b[0][1] == b[1][1] for b in blocks)  # twins, adjacent
+    assert {b[0][0] for b in blocks} == {"A", "B"}  # the order is shuffled, not fixed
+    a, b = runs["A"], runs["B"]
+    assert [(r.index, r.prompt_len) for r in a.records] == [(r.index, r.prompt_len) for r in b.records]
+    assert a.metrics.completed == b.metrics.completed == 12
+    assert a.metrics.total_output == b.metrics.total_output == sum(r.output_len for r in a.records if not r.warmup)
+    starts = [r.start_s for r in a.records if not r.warmup]
+    assert starts == sorted(starts) and a.duration_s >= starts[-1]  # blocks laid end to end on each side

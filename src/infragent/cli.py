@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import typer
 
@@ -153,6 +153,29 @@ def roofline(
 
     ref = _resolve(reference, "--reference") if reference else None
     _emit(run_roofline(_resolve(fn, "function"), _resolve(inputs, "--inputs"), reference=ref), as_json)
+
+
+@app.command()
+def analyze(
+    trace: str = typer.Argument(..., help="Trace file: ours, Chrome JSON or Kineto (.json or .json.gz)."),
+    vs: Optional[str] = typer.Option(None, "--vs", help="Baseline trace: diff and attribute the change."),
+    overlap: Optional[Tuple[str, str]] = typer.Option(
+        None, "--overlap", help="A B: the share of A's time that B overlaps; A and B are span names, globs, "
+                                "cat:NAME or thread:NAME."),
+    top: int = typer.Option(10, "--top", help="Rows in the top-N lists."),
+    metric: str = typer.Option("wall", "--metric", help="What the end-to-end time is called in the diff (e.g. TTFT)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Attribute a trace: breakdown, thread-aware overlap, idle gaps, critical path; with --vs, the diff."""
+    from infragent.probes.analyze import analyze as run_analyze
+    from infragent.trace_model import TraceFormatError
+
+    try:
+        feedback = run_analyze(trace, vs, [overlap] if overlap else [], top=top, metric=metric)
+    except TraceFormatError as err:
+        _fail(str(err))
+        return
+    _emit(feedback, as_json)
 
 
 @app.command()

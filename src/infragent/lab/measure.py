@@ -8,7 +8,7 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from infragent.analysis.serving_metrics import RequestRecord
 from infragent.lab import environment
@@ -16,7 +16,8 @@ from infragent.lab.criteria import Run, judge
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Scenario, Spec, load_spec
 from infragent.lab.target import TargetProcess, stop_group
-from infragent.probes.loadgen import LoadConfig, run_loadgen
+from infragent.probes.load_pairs import run_interleaved_sync
+from infragent.probes.loadgen import LoadConfig, discover_model, run_loadgen
 
 
 def loadgen_config(scenario: Scenario, base_url: str, repeat: int) -> LoadConfig:
@@ -27,6 +28,14 @@ def loadgen_config(scenario: Scenario, base_url: str, repeat: int) -> LoadConfig
                       random_input_len=scenario.random_input_len, random_output_len=scenario.random_output_len,
                       length_dist=scenario.length_dist, random_range_ratio=scenario.random_range_ratio,
                       repeats=1, seed=repeat, progress=False)
+
+
+def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat: int) -> dict[str, Run]:
+    """One repeat of a scenario against every target at once, twin requests back to back (probes/load_pairs)."""
+    configs = {name: loadgen_config(scenario, url, repeat) for name, url in base_urls.items()}
+    models = {name: discover_model(config) for name, config in configs.items()}
+    runs = run_interleaved_sync(configs, models, seed=repeat)
+    return {name: Run(run.records, run.duration_s) for name, run in runs.items()}
 
 
 def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,

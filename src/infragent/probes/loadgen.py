@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -117,49 +118,74 @@ def discover_model(config: LoadConfig) -> str:
 
 async def run_once(config: LoadConfig, model: str, seed: int) -> LoadRun:
     """Warm up, then send num_prompts requests on the arrival schedule under the concurrency limit."""
-    warm_specs = build_requests(config, config.warmup, seed + 1_000_003) if config.warmup else []
     specs = build_requests(config, config.num_prompts, seed)
     pool = ConnectionPool(config.base_url, config.api_key)
     clock = now_clock()
-    records: list[RequestRecord] = []
-    for i, spec in enumerate(warm_specs):
+    records = await warm_up(config, model, pool, clock, seed)
+    offsets = arrival_times(len(specs), config.request_rate, config.burstiness, config.arrival, seed)
+    with progress_bar(config, len(specs)) as advance:
+        measured, duration = await send_requests(config, model, pool, clock, list(enumerate(specs)), offsets, advance)
+    pool.close()
+    records.extend(measured)
+    return finish_run(config, records, duration)
+
+
+async def warm_up(config: LoadConfig, model: str, pool: ConnectionPool, clock: Callable[[], float],
+                  seed: int) -> list[RequestRecord]:
+    """Send the warm-up requests one by one; their records are kept, flagged, and excluded from metrics."""
+    records = []
+    for i, spec in enumerate(build_requests(config, config.warmup, seed + 1_000_003) if config.warmup else []):
         record = RequestRecord(-1 - i, spec.prompt_len, spec.output_len, warmup=True)
         await stream_request(pool, config.endpoint, request_body(config, model, spec), record, clock)
         records.append(record)
-    offsets = arrival_times(len(specs), config.request_rate, config.burstiness, config.arrival, seed)
+    return records
+
+
+async def send_requests(config: LoadConfig, model: str, pool: ConnectionPool, clock: Callable[[], float],
+                        indexed: list[tuple[int, RequestSpec]], offsets: Sequence[float],
+                        advance: Callable[[], None]) -> tuple[list[RequestRecord], float]:
+    """Send (index, request) pairs at their arrival offsets under the concurrency limit; records and duration."""
     gate = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-    with Progress(TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  disable=not config.progress, transient=True) as progress:
-        task = progress.add_task("requests", total=len(specs))
-        start = clock()
+    start = clock()
 
-        async def send(i: int, spec: RequestSpec) -> RequestRecord:
-            delay = start + offsets[i] - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            record = RequestRecord(i, spec.prompt_len, spec.output_len)
-            body = request_body(config, model, spec)
-            if gate is None:
+    async def send(offset: float, i: int, spec: RequestSpec) -> RequestRecord:
+        delay = start + offset - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        record = RequestRecord(i, spec.prompt_len, spec.output_len)
+        body = request_body(config, model, spec)
+        if gate is None:
+            await stream_request(pool, config.endpoint, body, record, clock)
+        else:
+            async with gate:
                 await stream_request(pool, config.endpoint, body, record, clock)
-            else:
-                async with gate:
-                    await stream_request(pool, config.endpoint, body, record, clock)
-            record.start_s -= start
-            progress.advance(task)
-            return record
+        record.start_s -= start
+        advance()
+        return record
 
-        collecting = gc.isenabled()
-        gc.disable()  # a full collection mid-run is a multi-ms stall charged to whichever requests are in flight
-        try:
-            measured = await asyncio.gather(*[send(i, s) for i, s in enumerate(specs)])
-        finally:
-            if collecting:
-                gc.enable()
-        duration = clock() - start  # as vLLM: from the first send until every request is done
-    pool.close()
-    records.extend(measured)
+    collecting = gc.isenabled()
+    gc.disable()  # a full collection mid-run is a multi-ms stall charged to whichever requests are in flight
+    try:
+        records = await asyncio.gather(*[send(offset, i, spec) for offset, (i, spec) in zip(offsets, indexed)])
+    finally:
+        if collecting:
+            gc.enable()
+    return list(records), clock() - start  # as vLLM: from the first send until every request is done
+
+
+def finish_run(config: LoadConfig, records: list[RequestRecord], duration: float) -> LoadRun:
+    """A LoadRun with its metrics, overall and per prompt-length bucket."""
     return LoadRun(records, duration, serving_metrics(records, duration, config.goodput_ms or None),
                    by_bucket(records, duration, config.goodput_ms or None))
+
+
+@contextmanager
+def progress_bar(config: LoadConfig, total: int) -> Iterator[Callable[[], None]]:
+    """A rich progress bar over total requests; yields the function that advances it by one."""
+    with Progress(TextColumn("loadgen"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not config.progress, transient=True) as progress:
+        task = progress.add_task("requests", total=total)
+        yield lambda: progress.advance(task)
 
 
 def run_loadgen(config: LoadConfig) -> Feedback:

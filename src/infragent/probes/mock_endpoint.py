@@ -34,8 +34,12 @@ HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encodin
 MODELS = json.dumps({"object": "list", "data": [{"id": "mock", "object": "model"}]}).encode()
 
 
-async def serve_mock(host: str = "127.0.0.1", port: int = 0, tokens: int = 4) -> asyncio.AbstractServer:
-    """Start the mock server; its port is server.sockets[0].getsockname()[1]."""
+async def serve_mock(host: str = "127.0.0.1", port: int = 0, tokens: int = 4,
+                     log: list[tuple[str, int]] | None = None, name: str = "mock") -> asyncio.AbstractServer:
+    """Start the mock server; its port is server.sockets[0].getsockname()[1].
+
+    With log, each completion request appends (name, prompt length) to it, in arrival order.
+    """
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -53,6 +57,8 @@ async def serve_mock(host: str = "127.0.0.1", port: int = 0, tokens: int = 4) ->
                 request = json.loads(body or b"{}")
                 prompt = request.get("prompt", [])
                 out = int(request.get("max_tokens") or tokens)
+                if log is not None:
+                    log.append((name, len(prompt) if isinstance(prompt, list) else 1))
                 writer.write(HEAD + streamed_completion(out, len(prompt) if isinstance(prompt, list) else 1))
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass  # client gone, or the loop is shutting down

@@ -1,0 +1,110 @@
+"""Idle time per thread and stream, each gap classified.
+
+A gap is time between a track's merged top-level events, inside the track's own active window. Its class:
+- "gil": GIL samples (events of category `gil` on that thread, such as `gil.wait`) cover most of it;
+- "lock/queue": it ends right after an event on another thread ended (a hand-off: a queue put, a lock
+  release, a future set), and that event is named;
+- "idle": neither (the host had nothing to do, or waited on something the trace does not show).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infragent.analysis.intervals import gaps, intersect, merge
+from infragent.analysis.trace_columns import TraceColumns
+
+HANDOFF_NS = 200_000  # a wake-up within 200 µs of another thread's event ending counts as that hand-off
+GIL_COVER = 0.5
+
+
+@dataclass
+class Gap:
+    """One idle interval on a track."""
+
+    track: str
+    start_ns: int
+    end_ns: int
+    kind: str  # gil | lock/queue | idle
+    cause: str = ""  # for lock/queue: the event on the other thread whose end woke this one
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class TrackIdle:
+    """Idle summary of one track."""
+
+    track: str
+    kind: str  # thread | stream
+    active_ns: int  # first start to last end
+    idle_ns: int
+    by_kind: dict[str, int] = field(default_factory=dict)
+    largest: list[Gap] = field(default_factory=list)
+
+    @property
+    def idle_share(self) -> float:
+        """Idle fraction of the active window."""
+        return self.idle_ns / self.active_ns if self.active_ns else 0.0
+
+
+def idle(c: TraceColumns, min_gap_ns: int = 1_000, keep: int = 5) -> list[TrackIdle]:
+    """Per-track idle time with every gap of at least min_gap_ns classified; largest idle share first."""
+    top = c.depth == 0
+    gil = c.select("cat:gil")
+    other_ends = _ends_by_track(c, top & ~gil)
+    result = []
+    for t, track in enumerate(c.tracks):
+        mine = (c.track == t) & top & ~gil
+        if not mine.any():
+            continue
+        lo, hi = int(c.start[mine].min()), int(c.end[mine].max())
+        gs, ge = gaps(c.start[mine], c.end[mine])
+        wide = (ge - gs) >= min_gap_ns
+        gs, ge = gs[wide], ge[wide]
+        kinds = np.full(gs.size, "idle", dtype=object)
+        causes = np.full(gs.size, "", dtype=object)
+        if track.kind == "thread":
+            _classify_gil(c, gil & (c.track == t), gs, ge, kinds)
+            _classify_handoff(c, t, other_ends, gs, ge, kinds, causes)
+        label = c.track_label(t)
+        by_kind = {k: int((ge - gs)[kinds == k].sum()) for k in ("gil", "lock/queue", "idle") if (kinds == k).any()}
+        order = np.argsort(-(ge - gs))[:keep]
+        largest = [Gap(label, int(gs[i]), int(ge[i]), str(kinds[i]), str(causes[i])) for i in order]
+        result.append(TrackIdle(label, track.kind, hi - lo, int((ge - gs).sum()), by_kind, largest))
+    return sorted(result, key=lambda r: -r.idle_share)
+
+
+def _classify_gil(c: TraceColumns, gil: np.ndarray, gs: np.ndarray, ge: np.ndarray, kinds: np.ndarray) -> None:
+    if not gil.any() or not gs.size:
+        return
+    samples = merge(c.start[gil], c.end[gil])
+    s, e = intersect((gs, ge), samples)
+    covered = np.zeros(gs.size)
+    np.add.at(covered, np.searchsorted(gs, s, side="right") - 1, e - s)
+    kinds[covered >= GIL_COVER * (ge - gs)] = "gil"
+
+
+def _ends_by_track(c: TraceColumns, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(end time, row, track) of every selected event on a thread track, sorted by end time."""
+    threads = np.asarray([t.kind == "thread" for t in c.tracks] or [False])
+    rows = np.flatnonzero(mask & threads[c.track])
+    order = np.argsort(c.end[rows], kind="stable")
+    rows = rows[order]
+    return c.end[rows], rows, c.track[rows]
+
+
+def _classify_handoff(c: TraceColumns, t: int, ends: tuple[np.ndarray, np.ndarray, np.ndarray], gs: np.ndarray,
+                      ge: np.ndarray, kinds: np.ndarray, causes: np.ndarray) -> None:
+    end_ts, rows, tracks = ends
+    for i in np.flatnonzero(kinds == "idle"):
+        lo = np.searchsorted(end_ts, max(ge[i] - HANDOFF_NS, gs[i]), side="left")
+        hi = np.searchsorted(end_ts, ge[i], side="right")
+        others = [r for r, tr in zip(rows[lo:hi], tracks[lo:hi]) if tr != t]
+        if others:
+            row = others[-1]
+            kinds[i] = "lock/queue"
+            causes[i] = f"{c.names[c.name[row]]} on {c.tracks[c.track[row]].name}"

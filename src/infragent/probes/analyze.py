@@ -1,0 +1,96 @@
+"""analyze: a trace (or two) → Feedback. Breakdown, overlap, never-overlapping pairs, idle gaps, critical
+path, and with a baseline the diff with its attribution and Amdahl cross-check.
+
+The verdict is "fail" when the trace shows a signature worth acting on (a pair of spans on different
+threads that never overlapped, or an asked-for overlap under 1%), "pass" otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from infragent.analysis.breakdown import breakdown, temporal_breakdown
+from infragent.analysis.critical_path import critical_path
+from infragent.analysis.diff import diff
+from infragent.analysis.idle import idle
+from infragent.analysis.overlap import comm_comp_overlap, matrix, never_overlapping, overlap
+from infragent.analysis.trace_columns import TraceColumns
+from infragent.analysis.trace_load import load_columns
+from infragent.probes.artifacts import save_json
+from infragent.probes.feedback import Evidence, Feedback, Measure
+
+CRITICAL_PATH_MAX_EVENTS = 2_000_000
+
+
+def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | None = None,
+            overlaps: list[tuple[str, str]] | None = None, top: int = 10, metric: str = "wall") -> Feedback:
+    """Analyze one trace (against a baseline when vs is given)."""
+    c = trace if isinstance(trace, TraceColumns) else load_columns(trace)
+    numbers: dict[str, Measure] = {}
+    details: dict = {"source": c.source, "events": len(c), "tracks": [c.track_label(i) for i in range(len(c.tracks))]}
+    findings: list[str] = []
+    signature = False
+    rows = breakdown(c, "name", top=top)
+    details["top_spans"] = [asdict(r) for r in rows]
+    details["by_track"] = [asdict(r) for r in breakdown(c, "track")]
+    details["by_phase"] = [asdict(r) for r in breakdown(c, "phase")]
+    if rows:
+        findings.append(f"top span {rows[0].key!r} {rows[0].share:.0%} of busy time")
+    if c.gpu().any():
+        tb = temporal_breakdown(c)
+        for part in ("compute", "non_compute", "idle"):
+            numbers[f"gpu_{part}_pct"] = Measure(round(tb.pct(part), 2), "%")
+        numbers["comm_comp_overlap_pct"] = Measure(round(comm_comp_overlap(c), 2), "%")
+    labels, share = matrix(c, "cat")
+    details["overlap_matrix"] = {"labels": labels, "share": share.round(4).tolist()}
+    for a, b in overlaps or []:
+        o = overlap(c, a, b)
+        numbers[f"overlap[{a} | {b}]"] = Measure(round(100 * o.share_of_a, 2), "% of A")
+        details.setdefault("overlaps", []).append(_overlap_dict(o))
+        findings.append(f"{b} overlaps {o.share_of_a:.1%} of {a} ({', '.join(o.a_threads)} vs {', '.join(o.b_threads)})")
+        signature |= o.never or (o.a_busy_ns > 0 and o.share_of_a < 0.01)
+    never = never_overlapping(c)
+    details["never_overlapping"] = [_overlap_dict(o) for o in never]
+    for o in never[:3]:
+        findings.append(f"NEVER OVERLAP: {o.a} and {o.b} (both busy {o.a_busy_ns / 1e6:.1f} / "
+                        f"{o.b_busy_ns / 1e6:.1f} ms in the same stretch, overlapped {o.overlap_ns / 1e6:.2f} ms)")
+    signature |= bool(never)
+    gaps = idle(c)
+    details["idle"] = [asdict(t) for t in gaps]
+    if gaps and gaps[0].idle_share > 0.05:
+        kinds = ", ".join(f"{k} {v / 1e6:.1f} ms" for k, v in gaps[0].by_kind.items())
+        findings.append(f"most idle: {gaps[0].track} {gaps[0].idle_share:.0%} ({kinds})")
+    if len(c) <= CRITICAL_PATH_MAX_EVENTS:
+        path = critical_path(c)
+        details["critical_path"] = {"total_ns": path.total_ns, "wait_ns": path.wait_ns, "steps": len(path.rows),
+                                    "by_name": dict(list(path.by_name.items())[:top]), "by_track": path.by_track,
+                                    "used_flows": path.used_flows, "truncated": path.truncated}
+        if path.by_name:
+            name, ns = next(iter(path.by_name.items()))
+            findings.append(f"critical path {path.total_ns / 1e6:.1f} ms, most in {name!r} ({ns / max(path.total_ns, 1):.0%})")
+    if vs is not None:
+        base = vs if isinstance(vs, TraceColumns) else load_columns(vs)
+        d = diff(base, c, metric=metric, top=top)
+        numbers["e2e_change_pct"] = Measure(round(100 * d.change, 2), "%")
+        numbers["predicted_change_pct"] = Measure(round(100 * d.predicted_change, 2), "%")
+        details["diff"] = {**asdict(d), "headline": d.headline()}
+        findings.insert(0, d.headline() + f" (spans predict {d.predicted_change:+.1%}, measured {d.change:+.1%})")
+    evidence = [save_json("analyze", details, "the full analysis (breakdown, overlap, idle, critical path, diff)")]
+    if not isinstance(trace, TraceColumns):
+        evidence.insert(0, Evidence.of(trace, "the analyzed trace"))
+    return Feedback("analyze", "fail" if signature else "pass", "; ".join(findings) or "empty trace",
+                    numbers=numbers, locality={"trace": c.source, "baseline": getattr(vs, "source", str(vs)) if vs else None},
+                    evidence=evidence, next_probes=_next(never, gaps), details=details)
+
+
+def _overlap_dict(o) -> dict:  # noqa: ANN001
+    return {**asdict(o), "share_of_a": o.share_of_a, "never": o.never}
+
+
+def _next(never: list, gaps: list) -> list[str]:
+    probes = []
+    if never:
+        probes.append("infragent gil (is one thread starved of the GIL while the other runs?)")
+    if any("gil" in t.by_kind for t in gaps):
+        probes.append("infragent gil on the thread with GIL gaps")
+    return probes
