@@ -84,7 +84,7 @@ def test_recorder_trace_round_trips_into_columns(tmp_path):
     (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, {"ph": "X" "name": 1}]}', "(byte 73)"),
     (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, {"ph": "X", "na', "ends at byte 77"),
     (b'{"traceEvents": [{"ph": "X", "name": "a", "dur": 2}]}', "traceEvents[0] (X 'a') has no ts"),
-    (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 4, "dur": -2}]}', "traceEvents[0] ('a') has a negative dur"),
+    (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 4, "dur": -2}]}', "traceEvents[0] (X 'a') has a negative dur"),
     (b"hello", "byte 0 should open a JSON object or array"),
     (gzip.compress(b'{"traceEvents": []}')[:20], "broken gzip data"),
 ])
@@ -96,6 +96,39 @@ def test_malformed_traces_name_the_event_or_byte(tmp_path, content, message):
     assert message in str(err.value) and str(path) in str(err.value)
     cli = subprocess.run([sys.executable, "-m", "infragent.cli", "analyze", str(path)], capture_output=True, text=True)
     assert cli.returncode == 2 and "Traceback" not in cli.stderr and message in cli.stderr
+
+
+def test_errors_in_later_batches_give_the_index_in_the_whole_trace(tmp_path, monkeypatch):
+    from infragent.analysis import trace_load
+
+    monkeypatch.setattr(trace_load, "BATCH", 3)
+    events = [X(f"e{i}", i, 1) for i in range(7)]
+    assert len(load_columns(_write(tmp_path, events))) == 7
+    events[5]["dur"] = "long"
+    with pytest.raises(TraceFormatError, match=r"traceEvents\[5\]\.dur"):
+        load_columns(_write(tmp_path, events))
+
+
+def test_two_process_decode_matches_one_process(tmp_path, monkeypatch):
+    from infragent.analysis import trace_load
+
+    events = [X(f"op{i % 4}", i, 2, tid=1 + i % 3, cat=f"c{i % 2}") for i in range(40)]
+    events += [{"ph": "B", "name": "io", "pid": 1, "tid": 9, "ts": 3}, {"ph": "E", "pid": 1, "tid": 9, "ts": 30}]
+    path = _write(tmp_path, events)
+    one = load_columns(path, keep_args=False)
+    monkeypatch.setattr(trace_load, "BATCH", 7)
+    monkeypatch.setattr(trace_load, "PARALLEL_ABOVE", 10)
+    calls = []
+    real = trace_load._decode_in_two_processes
+    monkeypatch.setattr(trace_load, "_decode_in_two_processes", lambda *a: calls.append(1) or real(*a))
+    two = load_columns(path, keep_args=False)
+    assert calls  # the forked path ran
+    as_rows = lambda c: sorted(zip([c.names[i] for i in c.name], [c.cats[i] for i in c.cat],  # noqa: E731
+                                   [c.tracks[i].tid for i in c.track], c.start.tolist(), c.end.tolist()))
+    assert as_rows(two) == as_rows(one) and len(one) == 41
+    events[15]["ts"] = "late"  # in a batch the child decodes
+    with pytest.raises(TraceFormatError, match=r"traceEvents\[15\]\.ts"):
+        load_columns(_write(tmp_path, events), keep_args=False)
 
 
 def test_breakdown_inclusive_exclusive_and_phase(tmp_path):

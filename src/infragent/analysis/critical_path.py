@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from infragent.analysis.breakdown import exclusive
 from infragent.analysis.trace_columns import TraceColumns
 
 MAX_STEPS = 500_000
@@ -70,8 +71,29 @@ def critical_path(c: TraceColumns, window: tuple[int, int] | None = None, top_le
     else:
         truncated = True
     total = int(c.end[path[0]]) - (first if not truncated else int(c.start[path[-1]]))
+    if top_level_only:
+        by_name = _own_time_inside(c, path)
     return CriticalPath(path, total, dict(sorted(by_name.items(), key=lambda kv: -kv[1])),
                         dict(sorted(by_track_ns.items(), key=lambda kv: -kv[1])), wait, used, truncated)
+
+
+def _own_time_inside(c: TraceColumns, path: list[int]) -> dict[str, int]:
+    """Critical-path time by span name, descending into each path event: its descendants' own time."""
+    own = exclusive(c)
+    totals: dict[str, int] = defaultdict(int)
+    for row in path:
+        if c.depth[row] != 0:  # a flow endpoint below the top level: counted as itself
+            totals[c.names[c.name[row]]] += int(own[row])
+            continue
+        lo, hi = np.searchsorted(c.track, [c.track[row], c.track[row] + 1])
+        first = lo + int(np.searchsorted(c.start[lo:hi], c.start[row], side="left"))
+        last = lo + int(np.searchsorted(c.start[lo:hi], c.end[row], side="left"))
+        inside = np.arange(first, last)
+        inside = inside[c.end[inside] <= c.end[row]]
+        weights = np.bincount(c.name[inside], weights=own[inside])
+        for name_id in np.flatnonzero(weights):
+            totals[c.names[name_id]] += int(weights[name_id])
+    return totals
 
 
 def _previous_on_track(c: TraceColumns, by_track: dict[int, np.ndarray], ends: dict[int, np.ndarray],

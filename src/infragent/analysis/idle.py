@@ -15,7 +15,8 @@ import numpy as np
 from infragent.analysis.intervals import gaps, intersect, merge
 from infragent.analysis.trace_columns import TraceColumns
 
-HANDOFF_NS = 200_000  # a wake-up within 200 µs of another thread's event ending counts as that hand-off
+HANDOFF_NS = 500_000  # a wake-up within 500 µs of another thread's event ending counts as that hand-off (a woken
+# thread still has to get the GIL and a core back, which takes hundreds of µs on a busy machine)
 GIL_COVER = 0.5
 
 
@@ -55,7 +56,7 @@ def idle(c: TraceColumns, min_gap_ns: int = 1_000, keep: int = 5) -> list[TrackI
     """Per-track idle time with every gap of at least min_gap_ns classified; largest idle share first."""
     top = c.depth == 0
     gil = c.select("cat:gil")
-    other_ends = _ends_by_track(c, top & ~gil)
+    other_ends = _ends_by_track(c, ~gil)  # any depth: a hand-off happens at the end of a nested span too
     result = []
     for t, track in enumerate(c.tracks):
         mine = (c.track == t) & top & ~gil

@@ -59,3 +59,18 @@ def gaps(start: np.ndarray, end: np.ndarray, lo: int | None = None,
     if hi is not None and s.size and e[-1] < hi:
         gap_start, gap_end = np.append(gap_start, e[-1]), np.append(gap_end, hi)
     return gap_start.astype(np.int64), gap_end.astype(np.int64)
+
+
+def covered(start: np.ndarray, end: np.ndarray, busy: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """For each interval [start_i, end_i), how much of it the merged intervals busy cover (prefix sums)."""
+    bs, be = busy
+    if bs.size == 0:
+        return np.zeros(start.size, np.int64)
+    before = np.concatenate([[0], np.cumsum(be - bs)])  # busy time before each busy interval starts
+
+    def upto(t: np.ndarray) -> np.ndarray:  # busy time in (-inf, t)
+        i = np.searchsorted(bs, t, side="right") - 1
+        inside = np.clip(t - bs[np.maximum(i, 0)], 0, (be - bs)[np.maximum(i, 0)])
+        return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+
+    return upto(end) - upto(start)

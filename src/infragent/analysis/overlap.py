@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infragent.analysis.breakdown import kernel_kinds
-from infragent.analysis.intervals import intersect, length, merge, overlap_ns
+from infragent.analysis.breakdown import kernel_kinds, parents
+from infragent.analysis.intervals import covered, intersect, length, merge, overlap_ns
 from infragent.analysis.trace_columns import TraceColumns
 
 NEVER_BELOW = 0.01  # "never overlaps": under 1% of the smaller side's busy time (span edges blur a handoff)
@@ -29,6 +29,7 @@ class Overlap:
     a_names: list[str] = field(default_factory=list)
     b_names: list[str] = field(default_factory=list)
     interleaved: bool = False  # both busy within one another's active window
+    executing_overlap_ns: int | None = None  # time A must have run while B ran (from thread CPU times)
 
     @property
     def share_of_a(self) -> float:
@@ -36,10 +37,22 @@ class Overlap:
         return self.overlap_ns / self.a_busy_ns if self.a_busy_ns else 0.0
 
     @property
+    def executing_share_of_a(self) -> float | None:
+        """Fraction of A's busy time during which A was on CPU and B busy (None without CPU times)."""
+        if self.executing_overlap_ns is None or not self.a_busy_ns:
+            return None
+        return self.executing_overlap_ns / self.a_busy_ns
+
+    @property
     def never(self) -> bool:
-        """Both busy in the same stretch of time, yet (almost) never at the same time."""
+        """Both busy in the same stretch of time, yet (almost) never at the same time.
+
+        With thread CPU times, "at the same time" means A executing while B is busy: a span of A that was
+        waiting (say for the GIL) through B's interval does not count as overlapping it.
+        """
         smaller = min(self.a_busy_ns, self.b_busy_ns)
-        return self.interleaved and smaller > 0 and self.overlap_ns < NEVER_BELOW * smaller
+        both = self.overlap_ns if self.executing_overlap_ns is None else self.executing_overlap_ns
+        return self.interleaved and smaller > 0 and both < NEVER_BELOW * smaller
 
 
 def overlap(c: TraceColumns, a: str | np.ndarray, b: str | np.ndarray, label_a: str = "",
@@ -52,7 +65,60 @@ def overlap(c: TraceColumns, a: str | np.ndarray, b: str | np.ndarray, label_a: 
     interleaved = bool(ia[0].size and ib[0].size and ia[0][0] < ib[1][-1] and ib[0][0] < ia[1][-1])
     return Overlap(label_a or str(a), label_b or str(b), int((ia[1] - ia[0]).sum()), int((ib[1] - ib[0]).sum()),
                    both, _top(c, ma, "track"), _top(c, mb, "track"), _top(c, ma, "name"), _top(c, mb, "name"),
-                   interleaved)
+                   interleaved, _executing(c, ma, mb))
+
+
+def _executing(c: TraceColumns, ma: np.ndarray, mb: np.ndarray) -> int | None:
+    """The overlap A's execution must have had with B's: per A event, max(0, CPU time - wall time outside B).
+
+    An event that ran cpu ns inside a wall window of which only w ns lay outside B ran at least cpu - w ns
+    while B was busy, wherever inside the window it ran. B's events are cut to [start, start + CPU time]:
+    a thread computes first and may then wait (a native call holding the GIL runs to its end, then the
+    thread waits to get the GIL back while another runs, before its span closes). A span that waited for the
+    GIL through B's interval therefore adds nothing, and one that ran inside B adds its CPU time. Without
+    recorded CPU times, or when A's spans have children, there is no executing overlap (None). Ask it from the side of the thread that
+    waited (A): its spans need not compute first.
+    """
+    outer_a = ma & (c.depth == _min_depth_per_row(c, ma))
+    outer_b = mb & (c.depth == _min_depth_per_row(c, mb))
+    leaves = _leaves(c)
+    if not leaves[outer_a].all():  # a parent's CPU time is its children's too: no bound from it
+        return None
+    cpu_a, cpu_b = c.cpu_ns(outer_a), c.cpu_ns(outer_b)
+    if not cpu_a.size or (cpu_a < 0).all():
+        return None
+    start_b, end_b = c.start[outer_b], c.end[outer_b]
+    leaf_b = leaves[outer_b]  # only leaves are cut: a span with children waits wherever they do
+    end_b = np.where((cpu_b >= 0) & leaf_b, np.minimum(end_b, start_b + np.maximum(cpu_b, 0)), end_b)
+    start_a, end_a = c.start[outer_a], c.end[outer_a]
+    inside = covered(start_a, end_a, merge(start_b, end_b))
+    ran = np.where(cpu_a >= 0, np.minimum(cpu_a, end_a - start_a), end_a - start_a)
+    return int(np.maximum(ran - (end_a - start_a - inside), 0).sum())
+
+
+def _leaves(c: TraceColumns) -> np.ndarray:
+    """Mask of events with no child events."""
+    parent = parents(c)
+    leaf = np.ones(len(c), bool)
+    leaf[parent[parent >= 0]] = False
+    return leaf
+
+
+def cpu_share(c: TraceColumns, mask: np.ndarray) -> float | None:
+    """CPU time / wall time of the selected outermost events (None without CPU times)."""
+    outer = mask & (c.depth == _min_depth_per_row(c, mask))
+    cpu = c.cpu_ns(outer)
+    known = cpu >= 0
+    if not known.any():
+        return None
+    return float(cpu[known].sum() / max(int((c.end - c.start)[outer][known].sum()), 1))
+
+
+def _min_depth_per_row(c: TraceColumns, mask: np.ndarray) -> np.ndarray:
+    """Per row, the smallest depth among the selected events on its track (their outermost level)."""
+    shallowest = np.full(len(c.tracks), np.iinfo(np.int16).max, np.int64)
+    np.minimum.at(shallowest, c.track[mask], c.depth[mask])
+    return shallowest[c.track]
 
 
 def _top(c: TraceColumns, mask: np.ndarray, what: str, k: int = 3) -> list[str]:
@@ -99,7 +165,12 @@ def never_overlapping(c: TraceColumns, top: int = 12, min_share: float = 0.01) -
         for _, nb, tb, mb in candidates[i + 1:]:
             if ta == tb:
                 continue
-            result = overlap(c, ma, mb, f"{c.names[na]} @ {c.tracks[ta].name}", f"{c.names[nb]} @ {c.tracks[tb].name}")
+            first, second = ((ma, na, ta), (mb, nb, tb))
+            share_a, share_b = cpu_share(c, ma), cpu_share(c, mb)
+            if share_a is not None and share_b is not None and share_b < share_a:
+                first, second = second, first  # ask from the side that waited more
+            (m1, n1, t1), (m2, n2, t2) = first, second
+            result = overlap(c, m1, m2, f"{c.names[n1]} @ {c.tracks[t1].name}", f"{c.names[n2]} @ {c.tracks[t2].name}")
             if result.never:
                 found.append(result)
     return found

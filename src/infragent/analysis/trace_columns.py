@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from infragent.trace_model import CPU_NS_KEY
+
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 
 
@@ -89,6 +91,13 @@ class TraceColumns:
     def gpu(self) -> np.ndarray:
         """Mask of device-side events (kernels, memcpy, memset on GPU streams)."""
         return np.isin(self.track, np.asarray([i for i, t in enumerate(self.tracks) if t.kind == "stream"], np.int32))
+
+    def cpu_ns(self, mask: np.ndarray) -> np.ndarray:
+        """Thread CPU time inside each selected event (from the recorder's cpu_ns arg); -1 where unknown."""
+        rows = np.flatnonzero(mask)
+        if self.args is None:
+            return np.full(rows.size, -1, np.int64)
+        return np.asarray([self.attrs(r).get(CPU_NS_KEY, -1) for r in rows.tolist()], np.int64)
 
     def attrs(self, row: int) -> dict[str, Any]:
         """The args of one event, decoded (empty when the trace kept none)."""

@@ -2,13 +2,17 @@
 array form, the array's closing bracket optional as the format allows), Kineto (torch.profiler) traces, and
 our own recorder's Trace.
 
-Big files are decoded by msgspec into typed structs (args stay raw JSON until asked for), then turned into
-numpy columns with one list comprehension per field. A malformed or truncated file raises TraceFormatError
+Big files are split by msgspec into raw event slices in one pass, then decoded into typed structs a batch
+at a time (args stay raw JSON until asked for) and turned into numpy columns, one list comprehension per
+field per batch. A malformed or truncated file raises TraceFormatError
 naming the file and the byte offset or event index.
 """
 from __future__ import annotations
 
 import gzip
+import os
+import pickle
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,8 @@ from infragent.analysis.trace_columns import GPU_CATEGORIES, Track, TraceColumns
 from infragent.trace_model import CPU_NS_KEY, Trace, TraceFormatError
 
 KEEP_ARGS_BELOW_BYTES = 256 << 20  # past this, args are dropped after loading (they pin the whole file)
+PARALLEL_ABOVE = 400_000  # events: past this, a forked child decodes half of the batches
+BATCH = 100_000  # events decoded to structs at a time: peak memory is the file, not the file plus its structs
 _NAN = float("nan")
 _NO_ARGS = msgspec.Raw(b"{}")
 
@@ -38,7 +44,7 @@ class _Event(msgspec.Struct, gc=False):
 
 
 class _File(msgspec.Struct, gc=False):
-    traceEvents: list[_Event]
+    traceEvents: list[msgspec.Raw]
     otherData: dict[str, Any] | None = None
     baseTimeNanoseconds: int | None = None
     displayTimeUnit: str | None = None
@@ -48,11 +54,56 @@ def load_columns(path: str | Path, keep_args: bool | None = None) -> TraceColumn
     """Read a Chrome/Kineto trace file (.json or .json.gz) into columns."""
     path = Path(path)
     data = _read_bytes(path)
-    events, meta = _decode(data, str(path))
     keep = len(data) < KEEP_ARGS_BELOW_BYTES if keep_args is None else keep_args
-    columns = _columns(events, meta, str(path), keep)
-    del events, data
-    return columns
+    raws, meta = _split(data, str(path))
+    builder = _Builder(str(path), keep)
+    if len(raws) >= PARALLEL_ABOVE and not keep and _can_fork():
+        _decode_in_two_processes(raws, builder)
+    else:
+        for first in range(0, len(raws), BATCH):
+            builder.add(_decode_batch(raws[first:first + BATCH], first, str(path)), first)
+    del raws
+    return builder.finish(meta)
+
+
+def _can_fork() -> bool:
+    """Forking is safe only from a single-threaded process on a machine with a second core."""
+    return hasattr(os, "fork") and (os.cpu_count() or 1) > 1 and threading.active_count() == 1
+
+
+def _decode_in_two_processes(raws: list[msgspec.Raw], builder: _Builder) -> None:
+    """Decode odd batches in a forked child (it shares the file's memory) and even ones here, then merge.
+
+    Decoding is CPU-bound and holds the GIL, so a second process is the only way to use the second core.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: decode, send the columns back, exit without running the parent's cleanup
+        status = 1
+        try:
+            os.close(read_end)
+            mine = _Builder(builder.source, False)
+            for first in range(BATCH, len(raws), 2 * BATCH):
+                mine.add(_decode_batch(raws[first:first + BATCH], first, builder.source), first)
+            payload = pickle.dumps(("ok", mine.export()), protocol=5)
+            status = 0
+        except BaseException as err:  # noqa: BLE001 - anything goes back to the parent to raise
+            payload = pickle.dumps(("error", err if isinstance(err, TraceFormatError) else RuntimeError(repr(err))))
+        with os.fdopen(write_end, "wb") as out:
+            out.write(payload)
+        os._exit(status)
+    os.close(write_end)
+    try:
+        for first in range(0, len(raws), 2 * BATCH):
+            builder.add(_decode_batch(raws[first:first + BATCH], first, builder.source), first)
+    finally:
+        with os.fdopen(read_end, "rb") as inp:
+            received = inp.read()
+        os.waitpid(pid, 0)
+    status, other = pickle.loads(received)
+    if status == "error":
+        raise other
+    builder.merge(other)
 
 
 def columns_from_trace(trace: Trace) -> TraceColumns:
@@ -97,14 +148,15 @@ def _read_bytes(path: Path) -> bytes:
                                "probably truncated: re-export or re-copy it") from None
 
 
-def _decode(data: bytes, source: str) -> tuple[list[_Event], dict[str, Any]]:
+def _split(data: bytes, source: str) -> tuple[list[msgspec.Raw], dict[str, Any]]:
+    """The events as raw JSON slices (one fast pass that also checks the syntax), and the file's metadata."""
     start = data.lstrip()[:1]
     if start not in (b"{", b"["):
         raise TraceFormatError(f"{source}: not a Chrome trace: byte 0 should open a JSON object or array "
                                f"(found {data[:16]!r})")
     try:
         if start == b"[":
-            return _decode_array(data, source), {}
+            return _split_array(data), {}
         file = msgspec.json.decode(data, type=_File)
     except msgspec.ValidationError as err:
         raise TraceFormatError(f"{source}: {_where(str(err))}") from None
@@ -116,18 +168,30 @@ def _decode(data: bytes, source: str) -> tuple[list[_Event], dict[str, Any]]:
     return file.traceEvents, meta
 
 
-def _decode_array(data: bytes, source: str) -> list[_Event]:
+def _split_array(data: bytes) -> list[msgspec.Raw]:
     """The JSON Array Format; its closing ']' may be missing (the format allows it), and a trailing comma too."""
     try:
-        return msgspec.json.decode(data, type=list[_Event])
+        return msgspec.json.decode(data, type=list[msgspec.Raw])
     except msgspec.DecodeError as err:
         body = data.rstrip()
         if not str(err).startswith("Input data was truncated") or body.endswith(b"]"):
             raise
         try:
-            return msgspec.json.decode(body.rstrip(b",") + b"]", type=list[_Event])
+            return msgspec.json.decode(body.rstrip(b",") + b"]", type=list[msgspec.Raw])
         except msgspec.DecodeError:
             raise err from None
+
+
+def _decode_batch(raws: list[msgspec.Raw], first: int, source: str) -> list[_Event]:
+    """Typed events of one batch; a bad field is reported at its index in the whole trace."""
+    try:
+        return msgspec.json.decode(b"[" + b",".join(raws) + b"]", type=list[_Event])
+    except msgspec.ValidationError as err:
+        where = _where(str(err))
+        index, _, rest = where.removeprefix("[").partition("]")
+        if index.isdigit():
+            where = f"traceEvents[{first + int(index)}]{rest}"
+        raise TraceFormatError(f"{source}: {where}") from None
 
 
 def _decode_message(err: msgspec.DecodeError, data: bytes) -> str:
@@ -144,120 +208,143 @@ def _where(message: str) -> str:
     return f"{at.rstrip('`').removeprefix('$.').removeprefix('$')}: {what}" if at else message
 
 
-def _columns(events: list[_Event], meta: dict[str, Any], source: str, keep_args: bool) -> TraceColumns:
-    ph = np.asarray([e.ph for e in events])
-    is_x, is_b, is_e = ph == "X", ph == "B", ph == "E"
-    is_i = np.isin(ph, ["i", "I", "n", "R"])
-    threads: dict[tuple[Any, Any], str] = {}
-    for i in np.flatnonzero(ph == "M").tolist():
-        e = events[i]
-        if e.name == "thread_name":
-            threads[(e.pid, e.tid)] = str(msgspec.json.decode(e.args).get("name", ""))
-    rows = np.flatnonzero(is_x | is_i)
-    picked = [events[i] for i in rows.tolist()]
-    ts = np.asarray([e.ts for e in picked], float)
-    if np.isnan(ts).any():
-        bad = int(rows[np.flatnonzero(np.isnan(ts))[0]])
-        raise TraceFormatError(f"{source}: traceEvents[{bad}] ({events[bad].ph} {events[bad].name!r}) has no ts")
-    dur = np.where(is_x[rows], np.asarray([e.dur for e in picked], float), 0.0)
-    if (dur < 0).any():
-        bad = int(rows[np.flatnonzero(dur < 0)[0]])
-        raise TraceFormatError(f"{source}: traceEvents[{bad}] ({events[bad].name!r}) has a negative dur")
-    begins, ends, names_b, cats_b, keys_b, args_b = _match_begin_end(events, is_b, is_e, source)
-    origin = float(np.floor(ts.min())) if ts.size else 0.0
-    start_ns = _ns(ts, origin)
-    end_ns = start_ns + np.rint(dur * 1000).astype(np.int64)
-    keys = [(e.pid, e.tid) for e in picked] + keys_b
-    track_ids: dict[tuple[Any, Any], int] = {}
-    track = np.asarray([track_ids.setdefault(k, len(track_ids)) for k in keys], np.int32)
-    names: dict[str, int] = {}
-    cats: dict[str, int] = {}
-    name = np.asarray([names.setdefault(e.name, len(names)) for e in picked]
-                      + [names.setdefault(n, len(names)) for n in names_b], np.int32)
-    cat = np.asarray([cats.setdefault(e.cat, len(cats)) for e in picked]
-                     + [cats.setdefault(c, len(cats)) for c in cats_b], np.int32)
-    start = np.concatenate([start_ns, _ns(begins, origin)])
-    end = np.concatenate([end_ns, _ns(ends, origin)])
-    cat_list = list(cats)
-    gpu_cat = np.asarray([c in GPU_CATEGORIES for c in cat_list], bool)
-    on_gpu = np.zeros(len(track_ids), bool)
-    np.logical_or.at(on_gpu, track, gpu_cat[cat] if cat.size else np.zeros(0, bool))
-    tracks = [Track(_int(pid), _int(tid), threads.get((pid, tid)) or f"{'stream' if gpu else 'thread'} {tid}",
-                    "stream" if gpu else "thread") for ((pid, tid), gpu) in zip(track_ids, on_gpu.tolist())]
-    args = [a if a is not _NO_ARGS else None for a in [e.args for e in picked] + args_b] if keep_args else None
-    meta = dict(meta, ts_origin_ns=int(origin * 1000))
-    columns = TraceColumns(list(names), cat_list, tracks, name, cat, track, start, end,
-                           depth=np.zeros(start.size, np.int16), args=args,
-                           counters=_counters(events, ph, origin, source), meta=meta, source=source)
-    columns = _sorted(columns, names, cats)
-    columns.flows = _flows(events, ph, columns, track_ids, origin)
-    return columns
+class _Builder:
+    """Accumulates column chunks batch by batch; rare events (M, B/E, C, flows) are kept aside until the end."""
 
+    def __init__(self, source: str, keep_args: bool) -> None:
+        self.source, self.keep_args = source, keep_args
+        self.names: dict[str, int] = {}
+        self.cats: dict[str, int] = {}
+        self.track_ids: dict[tuple[Any, Any], int] = {}
+        self.chunks: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "dur", "name", "cat", "track")}
+        self.args: list[Any] = []
+        self.rare: list[tuple[int, _Event]] = []
 
-def _match_begin_end(events: list[_Event], is_b: np.ndarray, is_e: np.ndarray, source: str):  # noqa: ANN202
-    """B/E pairs → intervals: each E closes the most recent open B on its thread (as the format defines)."""
-    begins: list[float] = []
-    ends: list[float] = []
-    names: list[str] = []
-    cats: list[str] = []
-    keys: list[tuple[Any, Any]] = []
-    args: list[Any] = []
-    open_: dict[tuple[Any, Any], list[_Event]] = {}
-    for i in np.flatnonzero(is_b | is_e).tolist():
-        e = events[i]
-        if e.ts != e.ts:
-            raise TraceFormatError(f"{source}: traceEvents[{i}] ({e.ph} {e.name!r}) has no ts")
-        stack = open_.setdefault((e.pid, e.tid), [])
-        if e.ph == "B":
-            stack.append(e)
-        elif stack:
-            b = stack.pop()
-            begins.append(b.ts)
-            ends.append(max(e.ts, b.ts))
-            names.append(b.name or e.name)
-            cats.append(b.cat or e.cat)
-            keys.append((e.pid, e.tid))
-            args.append(b.args)
-    return np.asarray(begins, float), np.asarray(ends, float), names, cats, keys, args
+    def add(self, events: list[_Event], first: int) -> None:
+        """Turn one batch of events into column chunks."""
+        ph = np.asarray([e.ph for e in events])
+        spans = (ph == "X") | np.isin(ph, ["i", "I", "n", "R"])
+        self.rare.extend((first + i, events[i]) for i in np.flatnonzero(~spans & (ph != "")).tolist())
+        rows = np.flatnonzero(spans)
+        picked = [events[i] for i in rows.tolist()] if rows.size < len(events) else events
+        ts = np.asarray([e.ts for e in picked], float)
+        dur = np.where(ph[rows] == "X", np.asarray([e.dur for e in picked], float), 0.0)
+        for bad, what in ((np.isnan(ts), "has no ts"), (dur < 0, "has a negative dur")):
+            if bad.any():
+                i = int(rows[np.flatnonzero(bad)[0]])
+                raise TraceFormatError(f"{self.source}: traceEvents[{first + i}] ({events[i].ph} "
+                                       f"{events[i].name!r}) {what}")
+        names, cats, tracks = self.names, self.cats, self.track_ids
+        self.chunks["ts"].append(ts)
+        self.chunks["dur"].append(dur)
+        self.chunks["name"].append(np.asarray([names.setdefault(e.name, len(names)) for e in picked], np.int32))
+        self.chunks["cat"].append(np.asarray([cats.setdefault(e.cat, len(cats)) for e in picked], np.int32))
+        self.chunks["track"].append(np.asarray([tracks.setdefault((e.pid, e.tid), len(tracks)) for e in picked],
+                                               np.int32))
+        if self.keep_args:
+            self.args.extend(a if a is not _NO_ARGS else None for a in [e.args for e in picked])
 
+    def export(self) -> tuple:
+        """What merge() needs, picklable: string tables, concatenated chunks, rare events."""
+        return (list(self.names), list(self.cats), list(self.track_ids),
+                {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.chunks.items()}, self.rare)
 
-def _counters(events: list[_Event], ph: np.ndarray, origin: float,
-              source: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    series: dict[str, tuple[list[float], list[float]]] = {}
-    for i in np.flatnonzero(ph == "C").tolist():
-        e = events[i]
-        values = msgspec.json.decode(e.args)
-        if not isinstance(values, dict):
-            raise TraceFormatError(f"{source}: traceEvents[{i}] (counter {e.name!r}) args must be an object")
-        for key, value in values.items():
-            if isinstance(value, (int, float)):
-                label = e.name if len(values) == 1 else f"{e.name}.{key}"
-                ts, vs = series.setdefault(label, ([], []))
-                ts.append(e.ts)
-                vs.append(float(value))
-    return {k: (_ns(np.asarray(t, float), origin), np.asarray(v, float)) for k, (t, v) in series.items()}
+    def merge(self, exported: tuple) -> None:
+        """Add another builder's export, renumbering its names, categories and tracks into ours."""
+        names, cats, tracks, chunks, rare = exported
+        remap = {"name": (names, self.names), "cat": (cats, self.cats), "track": (tracks, self.track_ids)}
+        for key, values in chunks.items():
+            if key in remap:
+                theirs, ours = remap[key]
+                table = np.asarray([ours.setdefault(x, len(ours)) for x in theirs] or [0], np.int32)
+                values = table[values.astype(np.int64)] if values.size else values.astype(np.int32)
+            self.chunks[key].append(values)
+        self.rare = sorted(self.rare + rare, key=lambda pair: pair[0])
 
+    def finish(self, meta: dict[str, Any]) -> TraceColumns:
+        """The sorted columns, with B/E intervals, thread names, counters and flows."""
+        threads = {(e.pid, e.tid): str(msgspec.json.decode(e.args).get("name", ""))
+                   for _, e in self.rare if e.ph == "M" and e.name == "thread_name"}
+        begins, ends = self._begin_end()
+        ts = np.concatenate(self.chunks["ts"] + [begins])
+        dur = np.concatenate(self.chunks["dur"] + [ends - begins])
+        origin = float(np.floor(ts.min())) if ts.size else 0.0
+        start = _ns(ts, origin)
+        end = start + np.rint(dur * 1000).astype(np.int64)
+        name, cat, track = (np.concatenate(self.chunks[k]) for k in ("name", "cat", "track"))
+        cat_list = list(self.cats)
+        gpu_cat = np.asarray([c in GPU_CATEGORIES for c in cat_list] or [False], bool)
+        on_gpu = np.zeros(len(self.track_ids), bool)
+        np.logical_or.at(on_gpu, track, gpu_cat[cat])
+        tracks = [Track(_int(pid), _int(tid), threads.get((pid, tid)) or f"{'stream' if gpu else 'thread'} {tid}",
+                        "stream" if gpu else "thread") for ((pid, tid), gpu) in zip(self.track_ids, on_gpu.tolist())]
+        columns = TraceColumns(list(self.names), cat_list, tracks, name, cat, track, start, end,
+                               depth=np.zeros(start.size, np.int16), args=self.args if self.keep_args else None,
+                               counters=self._counters(origin), meta=dict(meta, ts_origin_ns=int(origin * 1000)),
+                               source=self.source)
+        columns = _sorted(columns, self.names, self.cats)
+        columns.flows = self._flows(columns, origin)
+        return columns
 
-def _flows(events: list[_Event], ph: np.ndarray, columns: TraceColumns, track_ids: dict, origin: float) -> np.ndarray:
-    """Flow arrows (s → f, by id and category) bound to the events that enclose their endpoints."""
-    rows = np.flatnonzero(np.isin(ph, ["s", "f", "t"]))
-    if not rows.size:
-        return np.zeros((0, 2), np.int64)
-    sources: dict[tuple[str, Any], int] = {}
-    pairs = []
-    for i in rows.tolist():
-        e = events[i]
-        track = track_ids.get((e.pid, e.tid))
-        if track is None or e.id is None:
-            continue
-        row = _enclosing(columns, track, int(_ns(np.asarray([e.ts]), origin)[0]))
-        if row < 0:
-            continue
-        if e.ph == "s":
-            sources[(e.cat, e.id)] = row
-        elif (e.cat, e.id) in sources:
-            pairs.append((sources[(e.cat, e.id)], row))
-    return np.asarray(pairs, np.int64).reshape(-1, 2)
+    def _begin_end(self) -> tuple[np.ndarray, np.ndarray]:
+        """B/E pairs → intervals appended to the chunks: each E closes the most recent open B on its thread."""
+        begins: list[float] = []
+        ends: list[float] = []
+        open_: dict[tuple[Any, Any], list[_Event]] = {}
+        names, cats, tracks = self.names, self.cats, self.track_ids
+        name, cat, track = [], [], []
+        for i, e in self.rare:
+            if e.ph not in ("B", "E"):
+                continue
+            if e.ts != e.ts:
+                raise TraceFormatError(f"{self.source}: traceEvents[{i}] ({e.ph} {e.name!r}) has no ts")
+            stack = open_.setdefault((e.pid, e.tid), [])
+            if e.ph == "B":
+                stack.append(e)
+            elif stack:
+                b = stack.pop()
+                begins.append(b.ts)
+                ends.append(max(e.ts, b.ts))
+                name.append(names.setdefault(b.name or e.name, len(names)))
+                cat.append(cats.setdefault(b.cat or e.cat, len(cats)))
+                track.append(tracks.setdefault((e.pid, e.tid), len(tracks)))
+                if self.keep_args:
+                    self.args.append(b.args if b.args is not _NO_ARGS else None)
+        for key, values in (("name", name), ("cat", cat), ("track", track)):
+            self.chunks[key].append(np.asarray(values, np.int32))
+        return np.asarray(begins, float), np.asarray(ends, float)
+
+    def _counters(self, origin: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        series: dict[str, tuple[list[float], list[float]]] = {}
+        for i, e in self.rare:
+            if e.ph != "C":
+                continue
+            values = msgspec.json.decode(e.args)
+            if not isinstance(values, dict):
+                raise TraceFormatError(f"{self.source}: traceEvents[{i}] (counter {e.name!r}) args must be an object")
+            for key, value in values.items():
+                if isinstance(value, (int, float)):
+                    label = e.name if len(values) == 1 else f"{e.name}.{key}"
+                    ts, vs = series.setdefault(label, ([], []))
+                    ts.append(e.ts)
+                    vs.append(float(value))
+        return {k: (_ns(np.asarray(t, float), origin), np.asarray(v, float)) for k, (t, v) in series.items()}
+
+    def _flows(self, columns: TraceColumns, origin: float) -> np.ndarray:
+        """Flow arrows (s → f, by id and category) bound to the events that enclose their endpoints."""
+        sources: dict[tuple[str, Any], int] = {}
+        pairs = []
+        for _, e in self.rare:
+            if e.ph not in ("s", "t", "f") or e.id is None or (e.pid, e.tid) not in self.track_ids:
+                continue
+            row = _enclosing(columns, self.track_ids[(e.pid, e.tid)], int(_ns(np.asarray([e.ts]), origin)[0]))
+            if row < 0:
+                continue
+            if e.ph == "s":
+                sources[(e.cat, e.id)] = row
+            elif (e.cat, e.id) in sources:
+                pairs.append((sources[(e.cat, e.id)], row))
+        return np.asarray(pairs, np.int64).reshape(-1, 2)
 
 
 def _enclosing(columns: TraceColumns, track: int, ts: int) -> int:

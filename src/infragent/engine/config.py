@@ -9,6 +9,7 @@ import torch
 MODELS = ("llama", "hybrid")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KV_LAYOUTS = ("paged", "contiguous")
+GEMMS = ("torch", "blas", "blas-gil-held")
 
 
 class ConfigError(ValueError):
@@ -56,6 +57,8 @@ class EngineConfig:
     enable_prefix_caching: bool | None = None  # None: on where the model allows it (no KDA state)
     num_threads: int | None = None  # None: all cores
     gguf_path: str | None = None
+    gemm: str = "torch"  # torch | blas | blas-gil-held (native BLAS through ctypes, see native_gemm.py)
+    kv_transfer: bool = False  # send each prefill layer's K/V to a KV store on a transfer thread
     hybrid: HybridConfig = field(default_factory=HybridConfig)
 
     def __post_init__(self) -> None:
@@ -63,6 +66,10 @@ class EngineConfig:
             raise ConfigError(f"model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype: {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.gemm not in GEMMS:
+            raise ConfigError(f"gemm: {self.gemm!r}; choose one of {', '.join(GEMMS)}")
+        if self.gemm != "torch" and self.dtype != "float32":
+            raise ConfigError(f"gemm: {self.gemm} runs fp32 only; use dtype float32 or gemm torch")
         if self.kv_layout not in KV_LAYOUTS:
             raise ConfigError(f"kv_layout: {self.kv_layout!r}; choose one of {', '.join(KV_LAYOUTS)}")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):

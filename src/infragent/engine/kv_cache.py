@@ -26,12 +26,23 @@ class KVCache:
         self.layout = layout
         # Decode gathers land in reused buffers: fresh multi-MB allocations fault in new pages every layer.
         self._workspace = [torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype)]
+        self.transfer = None  # a KVTransfer: each layer's prefill rows are published when the layer is done
+        self._unsent: tuple | None = None
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
         with span("kv.write", layer=layer, tokens=k.shape[0]):
             self.k[layer][inputs.slot_blocks, :, inputs.slot_offsets] = k
             self.v[layer][inputs.slot_blocks, :, inputs.slot_offsets] = v
+        if self.transfer is not None and k.shape[0] > inputs.num_decodes:
+            d = inputs.num_decodes  # decode rows come first; only prefill rows move to the store
+            self._unsent = (layer, k[d:], v[d:], inputs.slot_blocks[d:], inputs.slot_offsets[d:])
+
+    def layer_done(self) -> None:
+        """The attention layer finished: hand its new rows to the transfer (as vLLM's save_kv_layer does)."""
+        if self._unsent is not None:
+            self.transfer.publish(*self._unsent)
+            self._unsent = None
 
     def decode_context(self, layer: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every decode's context as blocks: [B, blocks, kv_heads, block_len, head_dim]."""

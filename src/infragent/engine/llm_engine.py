@@ -10,6 +10,8 @@ from infragent.engine.block_manager import BlockManager
 from infragent.engine.config import ConfigError, EngineConfig
 from infragent.engine.gguf_weights import read_gguf
 from infragent.engine.kv_cache import KDAStateCache, KVCache
+from infragent.engine.kv_transfer import KVStore, KVTransfer
+from infragent.engine.native_gemm import make_gemm
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.hybrid import init_hybrid
 from infragent.engine.models.llama import load_llama
@@ -46,6 +48,7 @@ class LLMEngine:
             spec, weights = init_hybrid(config.hybrid, self.tokenizer.vocab_size)
         self.spec = spec
         self.model = DecoderModel(spec, weights, config.torch_dtype)
+        self.model.use_gemm(make_gemm(config.gemm))
         del weights
         self.max_model_len = config.max_model_len or min(spec.max_position_embeddings, 4096)
         if self.max_model_len > spec.max_position_embeddings:
@@ -64,6 +67,9 @@ class LLMEngine:
                                          spec.kda_head_k_dim, spec.kda_head_v_dim) if self.slots else None)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
         self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size)
+        self.kv_store = KVStore() if config.kv_transfer else None
+        self.kv_transfer = KVTransfer(self.kv_store) if self.kv_store is not None else None
+        self.kv_cache.transfer = self.kv_transfer
 
     def _allocate_kv_cache(self, spec: ModelSpec) -> tuple[KVCache, int, int]:
         """Size the attention KV cache from kv_cache_gb; returns (cache, block_size, num_blocks)."""
@@ -142,6 +148,8 @@ class LLMEngine:
         counter("waiting", len(self.scheduler.waiting))
         counter("kv_blocks_used", self.blocks.num_blocks - self.blocks.num_free_blocks)
         sampled = self.runner.run(batch)
+        if self.kv_transfer is not None:  # a prefill is done when its KV is in the store
+            self.kv_transfer.wait()
         now = time.perf_counter()
         with span("detokenize", seqs=len(sampled)):
             return self._advance(batch, sampled, now)

@@ -46,8 +46,14 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
     for a, b in overlaps or []:
         o = overlap(c, a, b)
         numbers[f"overlap[{a} | {b}]"] = Measure(round(100 * o.share_of_a, 2), "% of A")
+        executing = ""
+        if o.executing_share_of_a is not None:
+            numbers[f"executing_overlap[{a} | {b}]"] = Measure(round(100 * o.executing_share_of_a, 2), "% of A")
+            executing = f", {o.executing_share_of_a:.1%} while A was on CPU"
         details.setdefault("overlaps", []).append(_overlap_dict(o))
-        findings.append(f"{b} overlaps {o.share_of_a:.1%} of {a} ({', '.join(o.a_threads)} vs {', '.join(o.b_threads)})")
+        findings.append(f"{b} overlaps {o.share_of_a:.1%} of {a}{executing} "
+                        f"({', '.join(o.a_threads)} vs {', '.join(o.b_threads)})"
+                        + (": NEVER overlaps" if o.never else ""))
         signature |= o.never or (o.a_busy_ns > 0 and o.share_of_a < 0.01)
     never = never_overlapping(c)
     details["never_overlapping"] = [_overlap_dict(o) for o in never]
@@ -84,7 +90,7 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
 
 
 def _overlap_dict(o) -> dict:  # noqa: ANN001
-    return {**asdict(o), "share_of_a": o.share_of_a, "never": o.never}
+    return {**asdict(o), "share_of_a": o.share_of_a, "executing_share_of_a": o.executing_share_of_a, "never": o.never}
 
 
 def _next(never: list, gaps: list) -> list[str]:

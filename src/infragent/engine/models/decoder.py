@@ -1,6 +1,8 @@
 """DecoderModel: embeddings, a stack of (norm, mixer, norm, MLP) layers, final norm and LM head."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -43,6 +45,13 @@ class DecoderModel:
             mlp = GatedMLP(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
             self.layers.append((w[p + "input_layernorm.weight"], mixer, w[p + "post_attention_layernorm.weight"], mlp))
 
+    def use_gemm(self, gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> None:
+        """Route every layer's projections (not the LM head) through gemm (None: torch.mm)."""
+        for _, mixer, _, mlp in self.layers:
+            linears = [mixer.qkv, mixer.o] if isinstance(mixer, Attention) else [mixer.w_in, mixer.o_proj]
+            for linear in [*linears, mlp.gate_up, mlp.down]:
+                linear.gemm = gemm
+
     def forward(self, inputs: StepInputs, kv_cache: KVCache, kda_states: KDAStateCache | None) -> torch.Tensor:
         """Hidden states [T, hidden] of every scheduled token; fills the caches as a side effect."""
         eps = self.spec.rms_eps
@@ -53,6 +62,7 @@ class DecoderModel:
             if isinstance(mixer, Attention):
                 with span("attention", layer=layer):
                     hidden = hidden + mixer(x, inputs, kv_cache)
+                kv_cache.layer_done()
             else:
                 with span("kda", layer=layer):
                     hidden = hidden + mixer(x, inputs, kda_states)

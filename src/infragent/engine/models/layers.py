@@ -1,6 +1,8 @@
 """Building blocks: RMSNorm, rotary embedding, gated MLP, and attention over the KV cache."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -39,8 +41,11 @@ class Linear:
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight_t = weight.t().contiguous()
+        self.gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # None: torch.mm
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemm is not None:
+            return self.gemm(x, self.weight_t)
         return torch.mm(x, self.weight_t)
 
 
