@@ -131,6 +131,35 @@ def test_two_process_decode_matches_one_process(tmp_path, monkeypatch):
         load_columns(_write(tmp_path, events), keep_args=False)
 
 
+def test_big_files_decode_in_two_halves_in_place_and_agree(tmp_path, monkeypatch):
+    from infragent.analysis import trace_halves, trace_load
+
+    events = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "worker"}}]
+    events += [X(f"op{i % 5}", i * 3, 2, tid=1 + i % 2, cat="kernel" if i % 2 else "cpu_op") for i in range(400)]
+    events += [{"ph": "i", "name": "mark", "pid": 1, "tid": 2, "ts": 50},
+               {"ph": "C", "name": "kv", "pid": 1, "tid": 1, "ts": 7, "args": {"used": 3}},
+               {"ph": "s", "id": 1, "pid": 1, "tid": 2, "ts": 3, "cat": "ac2g", "name": "ac2g"},
+               {"ph": "f", "id": 1, "pid": 1, "tid": 1, "ts": 6, "cat": "ac2g", "name": "ac2g", "bp": "e"}]
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"traceEvents": events, "otherData": {"k": 1}, "traceName": "x]"}))
+    careful = load_columns(path, keep_args=False)
+    monkeypatch.setattr(trace_load, "MAP_ABOVE_BYTES", 100)
+    used = []
+    real = trace_halves.decode_halves
+    monkeypatch.setattr(trace_halves, "decode_halves", lambda *a: used.append(1) or real(*a))
+    fast = load_columns(path)
+    assert used and len(fast) == len(careful) == 401 and fast.meta["k"] == 1
+    rows = lambda c: sorted(zip([c.names[i] for i in c.name], c.start.tolist(), c.end.tolist(),  # noqa: E731
+                                [c.tracks[i].name for i in c.track]))
+    assert rows(fast) == rows(careful) and fast.counters["kv"][1].tolist() == [3.0] and fast.flows.shape == careful.flows.shape == (1, 2)
+    assert path.read_text().count("]") == json.dumps(
+        {"traceEvents": events, "otherData": {"k": 1}, "traceName": "x]"}).count("]")  # the file is untouched
+    events[300]["ts"] = "late"
+    path.write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(TraceFormatError, match=r"traceEvents\[300\]\.ts"):  # falls back to the careful path
+        load_columns(path)
+
+
 def test_breakdown_inclusive_exclusive_and_phase(tmp_path):
     c = load_columns(_write(tmp_path, [X("prefill", 0, 100), X("attention", 10, 30), X("attention", 50, 20),
                                        X("decode", 200, 10), X("attention", 202, 5)]))

@@ -195,6 +195,9 @@ def serve(
     hybrid_config: Optional[str] = typer.Option(None, "--hybrid-config",
                                                 help='JSON sizes for the hybrid model, e.g. \'{"hidden_size": 256}\'.'),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get on SIGTERM."),
+    kv_layout: str = typer.Option("paged", "--kv-layout", help="paged or contiguous."),
+    gemm: str = typer.Option("torch", "--gemm", help="torch, blas or blas-gil-held (native BLAS via ctypes)."),
+    kv_transfer: bool = typer.Option(False, "--kv-transfer", help="Send prefill KV to a store on a transfer thread."),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json
@@ -206,7 +209,8 @@ def serve(
         hybrid = HybridConfig(**json.loads(hybrid_config)) if hybrid_config else HybridConfig()
         config = EngineConfig(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               max_model_len=max_model_len, block_size=block_size, kv_cache_gb=kv_cache_gb,
-                              num_threads=threads, hybrid=hybrid)
+                              num_threads=threads, kv_layout=kv_layout, gemm=gemm, kv_transfer=kv_transfer,
+                              hybrid=hybrid)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info")
     except (ConfigError, FileNotFoundError) as err:
@@ -272,21 +276,33 @@ def loadgen(
 
 @app.command()
 def optimize(
-    spec: str = typer.Argument(..., help="The spec TOML: target, knobs, scenarios, criteria."),
+    spec: Optional[str] = typer.Argument(None, help="A spec TOML or a scenario-pack folder (default: the engine-slo pack)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and print the plan; run nothing."),
+    proposer: str = typer.Option("search", "--proposer", help="search (Optuna over the suspect knobs)."),
+    budget_probes: int = typer.Option(12, "--budget-probes", help="Stop after this many probe runs."),
+    budget_minutes: float = typer.Option(8.0, "--budget-minutes", help="Stop starting trials after this long."),
+    resume: Optional[int] = typer.Option(None, "--resume", help="Continue an interrupted run."),
+    ledger_path: str = typer.Option(".infragent/ledger.sqlite", "--ledger"),
 ) -> None:
-    """Optimize a target within a spec's criteria (the agent loop; --dry-run validates and plans)."""
-    from infragent.lab.spec import SpecError, load_spec, plan
+    """Optimize a target within a spec's criteria: trace, hypotheses, proposals through check, local A/B,
+    end-to-end and criteria; everything in the ledger; a summary and an HTML report at the end."""
+    from infragent.agent.loop import Budget
+    from infragent.agent.summary import run_optimize
+    from infragent.lab.spec import SpecError, load_spec, plan, resolve_spec
 
     try:
-        parsed = load_spec(spec)
+        path = resolve_spec(spec)
+        parsed = load_spec(path)
     except SpecError as err:
         _fail(str(err))
         return
     for line in plan(parsed):
         typer.echo(line)
-    if not dry_run:
-        _fail("optimize: the agent loop is not built yet (issue 7); use --dry-run to validate a spec")
+    if dry_run:
+        return
+    if proposer != "search":
+        _fail(f"--proposer {proposer}: only 'search' is built so far (llm and command come with issue 7's rest)")
+    run_optimize(path, ledger_path, Budget(budget_probes, budget_minutes), resume)
 
 
 DEFAULT_LEDGER = ".infragent/ledger.sqlite"
@@ -381,6 +397,16 @@ def report(
         _fail(str(err))
         return
     typer.echo(path)
+
+
+@app.command()
+def mcp(
+    root: str = typer.Option(".", "--root", help="Workspace root: every path a tool takes must stay inside it."),
+) -> None:
+    """Serve the probes, analyses, ledger queries and criteria evaluation as MCP tools over stdio."""
+    from infragent.agent.mcp_server import build_server
+
+    build_server(root).run()
 
 
 @app.command()

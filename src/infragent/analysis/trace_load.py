@@ -10,6 +10,7 @@ naming the file and the byte offset or event index.
 from __future__ import annotations
 
 import gzip
+import mmap
 import os
 import pickle
 import threading
@@ -20,11 +21,13 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from infragent.analysis import trace_halves
 from infragent.analysis.trace_columns import GPU_CATEGORIES, Track, TraceColumns
 from infragent.trace_model import CPU_NS_KEY, Trace, TraceFormatError
 
 KEEP_ARGS_BELOW_BYTES = 256 << 20  # past this, args are dropped after loading (they pin the whole file)
 PARALLEL_ABOVE = 400_000  # events: past this, a forked child decodes half of the batches
+MAP_ABOVE_BYTES = 64 << 20  # files this big are memory-mapped rather than read into a bytes object
 BATCH = 100_000  # events decoded to structs at a time: peak memory is the file, not the file plus its structs
 _NAN = float("nan")
 _NO_ARGS = msgspec.Raw(b"{}")
@@ -43,6 +46,18 @@ class _Event(msgspec.Struct, gc=False):
     args: msgspec.Raw = _NO_ARGS
 
 
+class _LeanEvent(msgspec.Struct, gc=False):
+    """The fields spans need; big traces decode these only (rare event types are decoded again in full)."""
+
+    ph: str = ""
+    name: str = ""
+    cat: str = ""
+    ts: float = _NAN
+    dur: float = 0.0
+    pid: int | str = 0
+    tid: int | str = 0
+
+
 class _File(msgspec.Struct, gc=False):
     traceEvents: list[msgspec.Raw]
     otherData: dict[str, Any] | None = None
@@ -53,12 +68,15 @@ class _File(msgspec.Struct, gc=False):
 def load_columns(path: str | Path, keep_args: bool | None = None) -> TraceColumns:
     """Read a Chrome/Kineto trace file (.json or .json.gz) into columns."""
     path = Path(path)
+    fast = _fast(path, keep_args)
+    if fast is not None:
+        return fast
     data = _read_bytes(path)
     keep = len(data) < KEEP_ARGS_BELOW_BYTES if keep_args is None else keep_args
     raws, meta = _split(data, str(path))
     builder = _Builder(str(path), keep)
     if len(raws) >= PARALLEL_ABOVE and not keep and _can_fork():
-        _decode_in_two_processes(raws, builder)
+        _decode_in_two_processes(data, raws, builder)
     else:
         for first in range(0, len(raws), BATCH):
             builder.add(_decode_batch(raws[first:first + BATCH], first, str(path)), first)
@@ -66,12 +84,33 @@ def load_columns(path: str | Path, keep_args: bool | None = None) -> TraceColumn
     return builder.finish(meta)
 
 
+def _fast(path: Path, keep_args: bool | None) -> TraceColumns | None:
+    """Big plain files without args kept: two processes decode the two halves in place (trace_halves.py)."""
+    try:
+        size = path.stat().st_size if path.is_file() else 0
+    except OSError:
+        return None
+    if size < MAP_ABOVE_BYTES or keep_args or not _can_fork():
+        return None
+    with path.open("rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            return None
+    data = trace_halves.open_private(str(path))
+    cut = trace_halves.halves(data)
+    if cut is None:
+        return None
+    builder = _Builder(str(path), False)
+    if not trace_halves.decode_halves(cut[0], cut[1], builder):
+        return None  # the careful path reports what is wrong, with its location
+    return builder.finish(cut[2])
+
+
 def _can_fork() -> bool:
     """Forking is safe only from a single-threaded process on a machine with a second core."""
     return hasattr(os, "fork") and (os.cpu_count() or 1) > 1 and threading.active_count() == 1
 
 
-def _decode_in_two_processes(raws: list[msgspec.Raw], builder: _Builder) -> None:
+def _decode_in_two_processes(data: bytes | mmap.mmap, raws: list[msgspec.Raw], builder: _Builder) -> None:
     """Decode odd batches in a forked child (it shares the file's memory) and even ones here, then merge.
 
     Decoding is CPU-bound and holds the GIL, so a second process is the only way to use the second core.
@@ -82,9 +121,10 @@ def _decode_in_two_processes(raws: list[msgspec.Raw], builder: _Builder) -> None
         status = 1
         try:
             os.close(read_end)
-            mine = _Builder(builder.source, False)
+            mine, region = _Builder(builder.source, False), _Region(data)
             for first in range(BATCH, len(raws), 2 * BATCH):
-                mine.add(_decode_batch(raws[first:first + BATCH], first, builder.source), first)
+                batch = raws[first:first + BATCH]
+                mine.add(_decode_batch(batch, first, builder.source, lean=True, region=region), first, batch)
             payload = pickle.dumps(("ok", mine.export()), protocol=5)
             status = 0
         except BaseException as err:  # noqa: BLE001 - anything goes back to the parent to raise
@@ -94,8 +134,10 @@ def _decode_in_two_processes(raws: list[msgspec.Raw], builder: _Builder) -> None
         os._exit(status)
     os.close(write_end)
     try:
+        region = _Region(data)
         for first in range(0, len(raws), 2 * BATCH):
-            builder.add(_decode_batch(raws[first:first + BATCH], first, builder.source), first)
+            batch = raws[first:first + BATCH]
+            builder.add(_decode_batch(batch, first, builder.source, lean=True, region=region), first, batch)
     finally:
         with os.fdopen(read_end, "rb") as inp:
             received = inp.read()
@@ -132,8 +174,15 @@ def columns_from_trace(trace: Trace) -> TraceColumns:
         meta=dict(trace.meta), source="<recorder>"), names, cats)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path) -> bytes | mmap.mmap:
+    """The file's bytes: memory-mapped when big and not gzipped (no copy), decompressed when gzipped."""
     try:
+        if path.is_file() and path.stat().st_size >= MAP_ABOVE_BYTES:
+            with path.open("rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if mapped[:2] != b"\x1f\x8b":
+                return mapped
+            mapped.close()
         raw = path.read_bytes()
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: no such trace file") from None
@@ -150,7 +199,7 @@ def _read_bytes(path: Path) -> bytes:
 
 def _split(data: bytes, source: str) -> tuple[list[msgspec.Raw], dict[str, Any]]:
     """The events as raw JSON slices (one fast pass that also checks the syntax), and the file's metadata."""
-    start = data.lstrip()[:1]
+    start = bytes(data[:4096]).lstrip()[:1]
     if start not in (b"{", b"["):
         raise TraceFormatError(f"{source}: not a Chrome trace: byte 0 should open a JSON object or array "
                                f"(found {data[:16]!r})")
@@ -173,7 +222,7 @@ def _split_array(data: bytes) -> list[msgspec.Raw]:
     try:
         return msgspec.json.decode(data, type=list[msgspec.Raw])
     except msgspec.DecodeError as err:
-        body = data.rstrip()
+        body = bytes(data).rstrip()
         if not str(err).startswith("Input data was truncated") or body.endswith(b"]"):
             raise
         try:
@@ -182,16 +231,49 @@ def _split_array(data: bytes) -> list[msgspec.Raw]:
             raise err from None
 
 
-def _decode_batch(raws: list[msgspec.Raw], first: int, source: str) -> list[_Event]:
-    """Typed events of one batch; a bad field is reported at its index in the whole trace."""
+_FULL = msgspec.json.Decoder(list[_Event])
+_LEAN = msgspec.json.Decoder(list[_LeanEvent])
+_ONE = msgspec.json.Decoder(_Event)
+
+
+def _decode_batch(raws: list[msgspec.Raw], first: int, source: str, lean: bool = False,
+                  region: "_Region | None" = None) -> list[_Event]:
+    """Typed events of one batch (lean: span fields only); a bad field is reported at its trace-wide index."""
     try:
-        return msgspec.json.decode(b"[" + b",".join(raws) + b"]", type=list[_Event])
+        text = region.around(raws) if region is not None and lean else b"[" + b",".join(raws) + b"]"
+        return (_LEAN if lean else _FULL).decode(text)
     except msgspec.ValidationError as err:
         where = _where(str(err))
         index, _, rest = where.removeprefix("[").partition("]")
         if index.isdigit():
             where = f"traceEvents[{first + int(index)}]{rest}"
         raise TraceFormatError(f"{source}: {where}") from None
+
+
+class _Region:
+    """Batches as one copy of their byte range in the file, into a reused buffer (lean decoding keeps no
+    reference into it): no per-event join, no fresh multi-MB allocation per batch."""
+
+    def __init__(self, data: bytes | mmap.mmap) -> None:
+        self.view = memoryview(data)
+        self.base = np.frombuffer(data, np.uint8).ctypes.data
+        self.buffer = bytearray()
+
+    def offset(self, raw: msgspec.Raw) -> int:
+        return np.frombuffer(raw, np.uint8).ctypes.data - self.base
+
+    def around(self, raws: list[msgspec.Raw]) -> memoryview:
+        """'[' + the bytes from the first raw's start to the last raw's end + ']'."""
+        lo, hi = self.offset(raws[0]), self.offset(raws[-1]) + len(raws[-1])
+        if not 0 <= lo < hi <= len(self.view):  # not slices of this buffer after all
+            return memoryview(b"[" + b",".join(raws) + b"]")
+        size = hi - lo + 2
+        if len(self.buffer) < size:
+            self.buffer = bytearray(size + (size >> 3))
+        self.buffer[0] = 0x5B  # [
+        self.buffer[1:size - 1] = self.view[lo:hi]
+        self.buffer[size - 1] = 0x5D  # ]
+        return memoryview(self.buffer)[:size]
 
 
 def _decode_message(err: msgspec.DecodeError, data: bytes) -> str:
@@ -217,24 +299,33 @@ class _Builder:
         self.cats: dict[str, int] = {}
         self.track_ids: dict[tuple[Any, Any], int] = {}
         self.chunks: dict[str, list[np.ndarray]] = {k: [] for k in ("ts", "dur", "name", "cat", "track")}
+        self.firsts: list[int] = []  # the first event index of each chunk: chunks are joined in file order
         self.args: list[Any] = []
         self.rare: list[tuple[int, _Event]] = []
 
-    def add(self, events: list[_Event], first: int) -> None:
-        """Turn one batch of events into column chunks."""
-        ph = np.asarray([e.ph for e in events])
-        spans = (ph == "X") | np.isin(ph, ["i", "I", "n", "R"])
-        self.rare.extend((first + i, events[i]) for i in np.flatnonzero(~spans & (ph != "")).tolist())
-        rows = np.flatnonzero(spans)
-        picked = [events[i] for i in rows.tolist()] if rows.size < len(events) else events
+    def add(self, events: list[_Event], first: int, raws: list[msgspec.Raw] | None = None) -> None:
+        """Turn one batch of events into column chunks (lean events: raws gives the rare ones in full)."""
+        phs = [e.ph for e in events]
+        if phs.count("X") == len(phs):  # the common case: complete events only
+            ph, rows, picked = None, np.arange(len(events)), events
+        else:
+            ph = np.asarray(phs)
+            spans = (ph == "X") | np.isin(ph, ["i", "I", "n", "R"])
+            rare = np.flatnonzero(~spans & (ph != "")).tolist()
+            self.rare.extend((first + i, _ONE.decode(raws[i]) if raws is not None else events[i]) for i in rare)
+            rows = np.flatnonzero(spans)
+            picked = [events[i] for i in rows.tolist()]
         ts = np.asarray([e.ts for e in picked], float)
-        dur = np.where(ph[rows] == "X", np.asarray([e.dur for e in picked], float), 0.0)
+        dur = np.asarray([e.dur for e in picked], float)
+        if ph is not None:
+            dur[ph[rows] != "X"] = 0.0
         for bad, what in ((np.isnan(ts), "has no ts"), (dur < 0, "has a negative dur")):
             if bad.any():
                 i = int(rows[np.flatnonzero(bad)[0]])
                 raise TraceFormatError(f"{self.source}: traceEvents[{first + i}] ({events[i].ph} "
                                        f"{events[i].name!r}) {what}")
         names, cats, tracks = self.names, self.cats, self.track_ids
+        self.firsts.append(first)
         self.chunks["ts"].append(ts)
         self.chunks["dur"].append(dur)
         self.chunks["name"].append(np.asarray([names.setdefault(e.name, len(names)) for e in picked], np.int32))
@@ -245,20 +336,22 @@ class _Builder:
             self.args.extend(a if a is not _NO_ARGS else None for a in [e.args for e in picked])
 
     def export(self) -> tuple:
-        """What merge() needs, picklable: string tables, concatenated chunks, rare events."""
-        return (list(self.names), list(self.cats), list(self.track_ids),
-                {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.chunks.items()}, self.rare)
+        """What merge() needs, picklable: string tables, chunks with their first indices, rare events."""
+        return list(self.names), list(self.cats), list(self.track_ids), self.chunks, self.firsts, self.rare
 
     def merge(self, exported: tuple) -> None:
         """Add another builder's export, renumbering its names, categories and tracks into ours."""
-        names, cats, tracks, chunks, rare = exported
+        names, cats, tracks, chunks, firsts, rare = exported
         remap = {"name": (names, self.names), "cat": (cats, self.cats), "track": (tracks, self.track_ids)}
+        tables = {key: np.asarray([ours.setdefault(x, len(ours)) for x in theirs] or [0], np.int32)
+                  for key, (theirs, ours) in remap.items()}
+        order = sorted(range(len(self.firsts) + len(firsts)), key=lambda i: (self.firsts + firsts)[i])
         for key, values in chunks.items():
-            if key in remap:
-                theirs, ours = remap[key]
-                table = np.asarray([ours.setdefault(x, len(ours)) for x in theirs] or [0], np.int32)
-                values = table[values.astype(np.int64)] if values.size else values.astype(np.int32)
-            self.chunks[key].append(values)
+            if key in tables:
+                values = [tables[key][v] for v in values]
+            joined = self.chunks[key] + values
+            self.chunks[key] = [joined[i] for i in order]
+        self.firsts = sorted(self.firsts + firsts)
         self.rare = sorted(self.rare + rare, key=lambda pair: pair[0])
 
     def finish(self, meta: dict[str, Any]) -> TraceColumns:
@@ -268,14 +361,15 @@ class _Builder:
         begins, ends = self._begin_end()
         ts = np.concatenate(self.chunks["ts"] + [begins])
         dur = np.concatenate(self.chunks["dur"] + [ends - begins])
+        self.chunks["ts"], self.chunks["dur"] = [], []
         origin = float(np.floor(ts.min())) if ts.size else 0.0
         start = _ns(ts, origin)
-        end = start + np.rint(dur * 1000).astype(np.int64)
+        dur *= 1000
+        end = start + np.rint(dur, out=dur).astype(np.int64)
         name, cat, track = (np.concatenate(self.chunks[k]) for k in ("name", "cat", "track"))
         cat_list = list(self.cats)
         gpu_cat = np.asarray([c in GPU_CATEGORIES for c in cat_list] or [False], bool)
-        on_gpu = np.zeros(len(self.track_ids), bool)
-        np.logical_or.at(on_gpu, track, gpu_cat[cat])
+        on_gpu = np.bincount(track, weights=gpu_cat[cat], minlength=len(self.track_ids)) > 0
         tracks = [Track(_int(pid), _int(tid), threads.get((pid, tid)) or f"{'stream' if gpu else 'thread'} {tid}",
                         "stream" if gpu else "thread") for ((pid, tid), gpu) in zip(self.track_ids, on_gpu.tolist())]
         columns = TraceColumns(list(self.names), cat_list, tracks, name, cat, track, start, end,
@@ -366,16 +460,39 @@ def _enclosing(columns: TraceColumns, track: int, ts: int) -> int:
 
 def _sorted(columns: TraceColumns, names: dict, cats: dict) -> TraceColumns:
     """Rows sorted by (track, start, longest first), with depth computed; names/cats tables from the dicts."""
-    order = np.lexsort((-(columns.end - columns.start), columns.start, columns.track))
+    order = sort_order(columns.track, columns.start, columns.end)
     args = [columns.args[i] for i in order.tolist()] if columns.args is not None else None
     return TraceColumns(list(names), list(cats), columns.tracks, columns.name[order], columns.cat[order],
                         columns.track[order], columns.start[order], columns.end[order], args=args,
                         counters=columns.counters, meta=columns.meta, source=columns.source)
 
 
+def sort_order(track: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The permutation sorting rows by (track, start, longest first).
+
+    Traces are mostly written in time order per thread or stream, so: a stable radix sort by track, then a
+    full sort only of the tracks whose rows are not already in order.
+    """
+    key = track.astype(np.int16) if len(track) and track.max() < np.iinfo(np.int16).max else track
+    order = np.argsort(key, kind="stable")
+    s, e, t = start[order], end[order], track[order]
+    bounds = np.flatnonzero(np.diff(t)) + 1
+    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), len(t)]):
+        ds = np.diff(s[a:b])
+        # in order: starts never decrease, and where two starts are equal the longer comes first
+        if (ds < 0).any() or ((ds == 0) & (np.diff(e[a:b]) > 0)).any():
+            local = np.lexsort((-(e[a:b] - s[a:b]), s[a:b]))
+            order[a:b] = order[a:b][local]
+    return order
+
+
 def _ns(us: np.ndarray, origin: float) -> np.ndarray:
-    """µs floats → int64 ns relative to origin µs (subtracting first keeps sub-µs digits of large timestamps)."""
-    return np.rint((us - origin) * 1000).astype(np.int64)
+    """µs floats → int64 ns relative to origin µs (subtracting first keeps sub-µs digits of large timestamps).
+
+    In place where it can: fresh multi-MB arrays cost page faults, which are slow on virtual machines."""
+    us = us - origin
+    us *= 1000
+    return np.rint(us, out=us).astype(np.int64)
 
 
 def _int(value: Any) -> int:

@@ -27,6 +27,7 @@ class Run:
 
     records: list[RequestRecord]
     duration_s: float
+    slos_ms: dict[str, float] | None = None  # goodput SLOs of the scenario, e.g. {"ttft": 2000, "tpot": 150}
 
 
 @dataclass
@@ -77,7 +78,9 @@ def run_value(run: Run, metric: str, records: list[RequestRecord]) -> float:
     values = request_values(records, metric)
     if values is not None:
         return statistic(values, metric)
-    m = serving_metrics(records, run.duration_s)
+    m = serving_metrics(records, run.duration_s, run.slos_ms)
+    if metric == "goodput" and not run.slos_ms:
+        raise ValueError("metric goodput needs the scenario's goodput_ms SLOs (e.g. goodput_ms = {ttft = 2000})")
     return {"output_tok_s": m.output_throughput, "request_per_s": m.request_throughput,
             "goodput": m.goodput or 0.0}[metric]
 

@@ -27,7 +27,7 @@ def loadgen_config(scenario: Scenario, base_url: str, repeat: int) -> LoadConfig
                       dataset_name=scenario.dataset_name, dataset_path=scenario.dataset_path,
                       random_input_len=scenario.random_input_len, random_output_len=scenario.random_output_len,
                       length_dist=scenario.length_dist, random_range_ratio=scenario.random_range_ratio,
-                      repeats=1, seed=repeat, progress=False)
+                      goodput_ms=dict(scenario.goodput_ms), repeats=1, seed=repeat, progress=False)
 
 
 def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat: int) -> dict[str, Run]:
@@ -35,7 +35,7 @@ def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat:
     configs = {name: loadgen_config(scenario, url, repeat) for name, url in base_urls.items()}
     models = {name: discover_model(config) for name, config in configs.items()}
     runs = run_interleaved_sync(configs, models, seed=repeat)
-    return {name: Run(run.records, run.duration_s) for name, run in runs.items()}
+    return {name: Run(run.records, run.duration_s, dict(scenario.goodput_ms) or None) for name, run in runs.items()}
 
 
 def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,
@@ -81,7 +81,7 @@ def _judge_absolute(spec: Spec, ledger: Ledger, run_id: int, log: Callable[[str]
         if criterion.max_regression is not None or key in results:
             continue  # relative criteria need a candidate (the agent loop); judged ones are kept
         scenario = next(s for s in spec.scenarios if s.name == criterion.scenario)
-        runs = [_as_run(ledger, results[f"{scenario.name}/{r}"]) for r in range(scenario.repeats)]
+        runs = recorded_runs(ledger, run_id, scenario, results)
         judgements = judge(criterion, runs, bounds=tuple(scenario.buckets))
         verdict = ("fail" if any(j.verdict == "fail" for j in judgements)
                    else "pass" if all(j.verdict == "pass" for j in judgements) else "inconclusive")
@@ -91,8 +91,18 @@ def _judge_absolute(spec: Spec, ledger: Ledger, run_id: int, log: Callable[[str]
         log(f"  criterion {i} [{criterion.metric}]: {verdict.upper()}: {finding}")
 
 
-def _as_run(ledger: Ledger, result: dict) -> Run:
+def recorded_runs(ledger: Ledger, run_id: int, scenario: Scenario, results: dict | None = None) -> list[Run]:
+    """A scenario's loadgen repeats recorded in a measure run, back as Runs (from the stored raw records)."""
+    results = results or {r["key"]: r for r in ledger.probe_results(run_id)}
+    missing = [r for r in range(scenario.repeats) if f"{scenario.name}/{r}" not in results]
+    if missing:
+        raise ValueError(f"run {run_id}: scenario {scenario.name!r} has no recorded repeats {missing}; "
+                         f"resume it with `infragent measure SPEC --resume {run_id}`")
+    return [_as_run(ledger, results[f"{scenario.name}/{r}"], scenario) for r in range(scenario.repeats)]
+
+
+def _as_run(ledger: Ledger, result: dict, scenario: Scenario) -> Run:
     """A recorded loadgen probe back as records (from the ledger's content-addressed copy of its evidence)."""
     sha = result["feedback"]["evidence"][0]["sha256"]
     data = json.loads((ledger.artifact_root / sha[:2] / sha).read_text())["runs"][-1]
-    return Run([RequestRecord(**r) for r in data["records"]], data["duration_s"])
+    return Run([RequestRecord(**r) for r in data["records"]], data["duration_s"], dict(scenario.goodput_ms) or None)

@@ -99,6 +99,7 @@ class Scenario(_Strict):
     random_range_ratio: float = Field(0.0, ge=0, lt=1)
     buckets: list[int] = Field(default_factory=lambda: [128, 512, 2048, 8192])
     repeats: int = Field(3, ge=1)
+    goodput_ms: dict[Literal["ttft", "tpot", "e2el"], float] = Field(default_factory=dict)  # SLOs for goodput
 
 
 class Criterion(_Strict):
@@ -152,6 +153,8 @@ class Spec(_Strict):
         for i, c in enumerate(self.criteria):
             if c.scenario not in names:
                 raise ValueError(f"criteria.{i}.scenario: unknown scenario {c.scenario!r}; known: {', '.join(names)}")
+            if c.metric == "goodput" and not self.scenarios[names.index(c.scenario)].goodput_ms:
+                raise ValueError(f"criteria.{i}.metric: goodput needs goodput_ms SLOs on scenario {c.scenario!r}")
         if self.target.kind == "engine":
             from infragent.engine.config import EngineConfig
 
@@ -164,6 +167,24 @@ class Spec(_Strict):
                 if name not in self.knobs:
                     raise ValueError(f"target.command: placeholder {{{name}}} is not a declared knob")
         return self
+
+
+PACKS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def resolve_spec(spec: str | Path | None) -> Path:
+    """A spec file, a scenario-pack folder (its spec.toml), a pack name, or None for the engine-slo pack."""
+    if spec is None:
+        return PACKS / "engine-slo" / "spec.toml"
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "spec.toml"
+    elif not path.exists() and (PACKS / str(spec) / "spec.toml").exists():
+        path = PACKS / str(spec) / "spec.toml"
+    if not path.exists():
+        packs = ", ".join(sorted(p.name for p in PACKS.iterdir() if (p / "spec.toml").exists())) if PACKS.exists() else ""
+        raise SpecError(f"{spec}: no such spec file or scenario pack" + (f" (packs: {packs})" if packs else ""))
+    return path
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -244,6 +265,7 @@ def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
         rule = (f"<= {c.max}" if c.max is not None else f">= {c.min}" if c.min is not None
                 else f"regression <= {c.max_regression:.0%} vs baseline ({c.test}, alpha {c.alpha})")
         lines.append(f"criterion [{c.scenario} / {c.phase} / bucket {c.bucket}] {c.metric} {rule}")
-    lines.append("steps: launch target -> baseline loadgen per scenario -> propose knob values -> check -> "
-                 "bench -> loadgen -> judge every criterion per phase and bucket -> ledger")
+    lines.append("steps: trace the baseline and attribute it -> hypotheses (suspect spans -> knobs) -> per proposal: "
+                 "launch -> check greedy outputs -> short interleaved A/B -> end-to-end only after a real local "
+                 "win -> judge every criterion per phase and bucket -> ledger")
     return lines

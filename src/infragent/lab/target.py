@@ -19,7 +19,28 @@ from infragent.lab.spec import Target
 # Engine knobs that `infragent serve` takes as flags.
 SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
                "max_model_len": "--max-model-len", "block_size": "--block-size", "kv_cache_gb": "--kv-cache-gb",
-               "num_threads": "--threads"}
+               "num_threads": "--threads", "kv_layout": "--kv-layout", "gemm": "--gemm"}
+
+
+def engine_config(target: Target, knobs: dict[str, Any]) -> Any:
+    """The EngineConfig an engine target's server would run with these knobs (its serve_args applied)."""
+    import json
+
+    from infragent.engine.config import EngineConfig, HybridConfig
+
+    fields: dict[str, Any] = {"model": target.model}
+    by_flag = {flag: name for name, flag in SERVE_FLAGS.items()}
+    args = list(target.serve_args)
+    while args:
+        flag = args.pop(0)
+        value = args.pop(0) if args and not args[0].startswith("--") else "true"
+        if flag == "--hybrid-config":
+            fields["hybrid"] = HybridConfig(**json.loads(value))
+        elif flag in by_flag:
+            default = EngineConfig.__dataclass_fields__[by_flag[flag]].default
+            fields[by_flag[flag]] = type(default)(value) if default is not None else int(value)
+    fields.update(knobs)
+    return EngineConfig(**fields)
 
 
 class TargetError(RuntimeError):

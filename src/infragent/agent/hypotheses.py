@@ -1,0 +1,64 @@
+"""From findings to hypotheses: what might be slow, which knobs could change it, the cheapest probe that
+could refute it, and the largest effect it could have (Amdahl: removing a span saves at most its share).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from infragent.lab.spec import Knob, Spec
+from infragent.probes.feedback import Feedback
+
+TOP_SHARE = 0.08  # spans below this share of busy time are not worth a hypothesis
+
+
+@dataclass
+class Hypothesis:
+    """One testable claim."""
+
+    claim: str
+    spans: list[str]
+    knobs: list[str]
+    probe: str  # the cheapest probe that could refute it
+    predicted: str  # the effect it predicts, as an upper bound where one exists
+    evidence: list[str] = field(default_factory=list)
+
+
+def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis]:
+    """Hypotheses from an `analyze` Feedback: top spans, never-overlapping pairs, idle threads."""
+    found: list[Hypothesis] = []
+    for row in analysis.details.get("top_spans", []):
+        if row["share"] < TOP_SHARE:
+            continue
+        touching = [n for n, k in knobs.items() if row["key"] in k.touches]
+        found.append(Hypothesis(
+            claim=f"{row['key']!r} takes {row['share']:.0%} of busy time"
+                  + (f"; {', '.join(touching)} act on it" if touching else "; no declared knob acts on it"),
+            spans=[row["key"]], knobs=touching, probe="local_ab" if touching else "roofline",
+            predicted=f"at most {row['share']:.0%} less busy time if {row['key']!r} vanished (Amdahl bound)",
+            evidence=[f"breakdown: {row['key']} exclusive {row['exclusive_ns'] / 1e6:.1f} ms"]))
+    for pair in analysis.details.get("never_overlapping", []):
+        found.append(Hypothesis(
+            claim=f"{pair['a']} never runs while {pair['b']} does: one thread starves (GIL or a lock)",
+            spans=[pair["a"].split(" @ ")[0], pair["b"].split(" @ ")[0]], knobs=[], probe="gil",
+            predicted="overlapping them hides the shorter one's time",
+            evidence=[f"overlap {pair['overlap_ns'] / 1e6:.2f} ms of {pair['a_busy_ns'] / 1e6:.1f} ms"]))
+    return found
+
+
+def suspects(hypotheses: list[Hypothesis]) -> list[str]:
+    """Span names under suspicion (those with knobs first)."""
+    ordered = [h for h in hypotheses if h.knobs] + [h for h in hypotheses if not h.knobs]
+    return [s for h in ordered for s in h.spans]
+
+
+def engine_workload(spec: Spec, knobs: dict, prompts: int = 6, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) pairs shaped like the first scenario, for an offline traced run."""
+    scenario = spec.scenarios[0]
+    rng = random.Random(seed)
+    spread = scenario.random_range_ratio
+    out = []
+    for _ in range(prompts):
+        n = max(1, round(scenario.random_input_len * (1 + spread * (2 * rng.random() - 1))))
+        out.append(([rng.randrange(1000, 40000) for _ in range(n)], scenario.random_output_len))
+    return out

@@ -1,0 +1,70 @@
+"""The search proposer: Optuna over the knobs that touch the spans under suspicion.
+
+TPE by default; CMA-ES when every searched knob is continuous (float). Criteria are constraints: a trial
+that failed one is told to Optuna as infeasible (constraint value > 0), so the sampler learns where the
+feasible region is rather than treating a fast-but-wrong trial as good.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import optuna
+
+from infragent.lab.spec import Knob
+
+optuna.logging.set_verbosity(logging.WARNING)
+
+
+class SearchProposer:
+    """Asks for knob values, learns from (objective, feasible) told back. Higher objective is better."""
+
+    name = "search"
+
+    def __init__(self, knobs: dict[str, Knob], suspects: list[str] | None = None, seed: int = 0) -> None:
+        self.all_knobs = knobs
+        chosen = {n: k for n, k in knobs.items() if suspects is None or set(k.touches) & set(suspects)}
+        self.knobs = chosen or dict(knobs)  # nothing matched the suspects: search everything
+        self.fixed = {n: k.default for n, k in knobs.items() if n not in self.knobs and k.default is not None}
+        continuous = all(k.type == "float" for k in self.knobs.values())
+        sampler: optuna.samplers.BaseSampler
+        if continuous and len(self.knobs) > 1:
+            sampler = optuna.samplers.CmaEsSampler(seed=seed)
+        else:
+            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
+        self.study = optuna.create_study(direction="maximize", sampler=sampler)
+        self._open: dict[int, optuna.Trial] = {}
+
+    def start_from(self, values: dict[str, Any]) -> None:
+        """Make the first proposal a known point (e.g. the spec's defaults, to learn from the baseline)."""
+        self.study.enqueue_trial({n: v for n, v in values.items() if n in self.knobs})
+
+    def propose(self) -> tuple[int, dict[str, Any]]:
+        """(trial number, knob values); the values include the fixed knobs."""
+        trial = self.study.ask()
+        values = dict(self.fixed)
+        for name, knob in self.knobs.items():
+            values[name] = _suggest(trial, name, knob)
+        self._open[trial.number] = trial
+        return trial.number, values
+
+    def tell(self, number: int, objective: float, feasible: bool) -> None:
+        """Report a trial's objective (higher is better) and whether it met every criterion."""
+        trial = self._open.pop(number)
+        trial.set_constraint("criteria", 0.0 if feasible else 1.0)  # > 0: infeasible (a criterion failed)
+        self.study.tell(trial, objective)
+
+    def reject(self, number: int) -> None:
+        """A trial that could not be measured (failed check, failed launch): tell Optuna it failed."""
+        self.study.tell(self._open.pop(number), state=optuna.trial.TrialState.FAIL)
+
+
+def _suggest(trial: optuna.Trial, name: str, knob: Knob) -> Any:
+    if knob.type == "int":
+        low, high = knob.domain
+        return trial.suggest_int(name, int(low), int(high), log=high / max(low, 1) >= 16)
+    if knob.type == "float":
+        return trial.suggest_float(name, float(knob.domain[0]), float(knob.domain[1]))
+    if knob.type == "bool":
+        return trial.suggest_categorical(name, [False, True])
+    return trial.suggest_categorical(name, list(knob.domain))

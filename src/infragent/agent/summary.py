@@ -1,0 +1,48 @@
+"""The end of an optimize run, as text: baseline against best per criterion with CIs, what limited the
+result, and where the HTML report is."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from infragent.agent.loop import Budget, Outcome, optimize
+from infragent.lab.ledger import Ledger
+from infragent.lab.report import write_report
+
+
+def summary_lines(outcome: Outcome) -> list[str]:
+    """Baseline vs best, per criterion (phase, bucket) with CIs; the limits; the hypotheses tested."""
+    lines = [f"run {outcome.run_id}: {len(outcome.trials)} proposals, "
+             f"{sum(t['status'] == 'measured' for t in outcome.trials)} measured end to end"]
+    lines.append(f"baseline knobs: {outcome.baseline['knobs']}")
+    best = outcome.best
+    if best is None:
+        lines.append("no proposal beat the baseline within the criteria; keeping the baseline")
+    else:
+        lines.append(f"best: trial {best['trial']} {best['knobs']} -> {best['finding']}")
+        for j in best.get("judgements", []):
+            lo, hi = j["ci"]
+            where = f"{j['metric']} [{j['phase']}, bucket {j['bucket']}]"
+            if j.get("regression") is not None:  # relative: the change against the baseline, with its CI
+                lines.append(f"  {j['verdict'].upper():4s} {where} {j['value']:.4g} vs baseline {j['baseline']:.4g}: "
+                             f"{j['regression']:+.1%} [{lo:+.1%}, {hi:+.1%}] (worse > 0)")
+            else:
+                lines.append(f"  {j['verdict'].upper():4s} {where} {j['value']:.4g} [{lo:.4g}, {hi:.4g}] "
+                             "(median across repeats, 95% CI)")
+    for limit in outcome.limits:
+        lines.append(f"limited by: {limit}")
+    for h in outcome.hypotheses[:5]:
+        lines.append(f"hypothesis: {h.claim} (probe {h.probe}; {h.predicted})")
+    return lines
+
+
+def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget, resume: int | None = None) -> Outcome:
+    """Run the loop, print its trajectory and summary, write the report; return the outcome."""
+    ledger = Ledger(ledger_path)
+    outcome = optimize(spec_path, ledger, budget, resume)
+    print()
+    for line in summary_lines(outcome):
+        print(line)
+    report = write_report(ledger, outcome.run_id, Path(ledger_path).parent / f"report-run-{outcome.run_id}.html")
+    print(f"report: {report}")
+    print(f"trajectory: infragent show {outcome.run_id} --ledger {ledger_path}")
+    return outcome
