@@ -116,12 +116,14 @@ def kernel_kind(name: str) -> str:
     return "computation"
 
 
+KERNEL_KINDS = ("computation", "communication", "memory", "other")
+
+
 def kernel_kinds(c: TraceColumns) -> dict[str, np.ndarray]:
     """Masks of GPU events by kernel kind."""
-    kinds = np.asarray([kernel_kind(n) for n in c.names] or [""], dtype=object)
-    gpu = c.gpu()
-    by_name = kinds[c.name] if len(c) else np.zeros(0, object)
-    return {kind: gpu & (by_name == kind) for kind in ("computation", "communication", "memory", "other")}
+    codes = np.asarray([KERNEL_KINDS.index(kernel_kind(n)) for n in c.names] or [0], np.int8)
+    by_name = np.where(c.gpu(), codes[c.name], -1) if len(c) else np.zeros(0, np.int8)
+    return {kind: by_name == k for k, kind in enumerate(KERNEL_KINDS)}
 
 
 @dataclass
