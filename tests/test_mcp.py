@@ -45,4 +45,4 @@ def test_client_lists_tools_runs_a_probe_and_path_traversal_is_rejected(tmp_path
             "validate_spec"} <= set(tools)
     assert feedback["probe"] == "analyze" and feedback["verdict"] == "fail"  # the pair never overlaps
     assert "kv-transfer" in feedback["finding"]
-    assert escaped.isError and "outside the workspace root" in escaped.content[0].text
+    assert escaped.is_error and "outside the workspace root" in escaped.content[0].text

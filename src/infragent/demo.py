@@ -12,7 +12,7 @@ from infragent.lab.spec import resolve_spec
 
 def main() -> None:
     """Run `infragent optimize` on the engine-slo pack."""
-    minutes = float(os.environ.get("INFRAGENT_DEMO_MINUTES", "5"))
+    minutes = float(os.environ.get("INFRAGENT_DEMO_MINUTES", "4"))  # no trial starts after this
     print(f"infragent demo: optimize the engine-slo pack (search proposer, budget {minutes:g} minutes)\n")
     run_optimize(resolve_spec(None), ".infragent/ledger.sqlite", Budget(probes=16, minutes=minutes))
 

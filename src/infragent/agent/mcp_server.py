@@ -7,14 +7,32 @@ must live inside the root too. Tools return the probe's Feedback as JSON text.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 
-class OutsideRoot(ValueError):
+class OutsideRoot(ToolError):
     """A path that resolves outside the workspace root."""
+
+
+def _clear(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Bad input (a bad path, trace, spec or callable) reaches the client as a tool error with its message."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ToolError:
+            raise
+        except (ValueError, LookupError, OSError, ImportError) as err:
+            raise ToolError(f"{type(err).__name__}: {err}") from err
+
+    return wrapper
 
 
 def build_server(root: str | Path) -> MCPServer:
@@ -38,6 +56,7 @@ def build_server(root: str | Path) -> MCPServer:
         return name
 
     @server.tool()
+    @_clear
     def analyze_trace(trace: str, baseline: str | None = None, overlap_a: str | None = None,
                       overlap_b: str | None = None) -> str:
         """Attribute a trace (breakdown, overlap, idle, critical path); with baseline, the diff."""
@@ -47,6 +66,7 @@ def build_server(root: str | Path) -> MCPServer:
         return analyze(inside(trace), inside(baseline) if baseline else None, pairs).to_json()
 
     @server.tool()
+    @_clear
     def check(candidate: str, reference: str, inputs: str, partition: str | None = None, trials: int = 12) -> str:
         """Compare candidate with reference (module:function or file.py:function) on fresh random inputs."""
         from infragent.probes.callables import resolve
@@ -57,6 +77,7 @@ def build_server(root: str | Path) -> MCPServer:
         return run_check(cand, ref, factory, partition=partition, trials=trials).to_json()
 
     @server.tool()
+    @_clear
     def bench(fn: str, vs: str | None = None, inputs: str | None = None, budget_s: float = 2.0) -> str:
         """Time fn (A/B against vs): interleaved pairs, bootstrap CI of the median ratio."""
         from infragent.probes.bench import run_bench
@@ -68,6 +89,7 @@ def build_server(root: str | Path) -> MCPServer:
         return run_bench(a, b, factory, budget_s=budget_s, names=(fn, vs)).to_json()
 
     @server.tool()
+    @_clear
     def roofline(fn: str, inputs: str) -> str:
         """FLOPs and bytes against the machine's peaks: compute-, memory- or overhead-bound."""
         from infragent.probes.callables import resolve
@@ -77,6 +99,7 @@ def build_server(root: str | Path) -> MCPServer:
                             resolve(callable_inside(inputs), "inputs")).to_json()
 
     @server.tool()
+    @_clear
     def validate_spec(spec: str) -> str:
         """Validate a spec TOML and return the plan an optimize run would follow."""
         from infragent.lab.spec import load_spec, plan
@@ -84,6 +107,7 @@ def build_server(root: str | Path) -> MCPServer:
         return "\n".join(plan(load_spec(inside(spec))))
 
     @server.tool()
+    @_clear
     def list_runs(ledger: str = ".infragent/ledger.sqlite") -> str:
         """The ledger's runs (id, kind, spec, status, started)."""
         from infragent.lab.ledger import Ledger
@@ -91,6 +115,7 @@ def build_server(root: str | Path) -> MCPServer:
         return json.dumps(Ledger(inside(ledger)).runs(), default=str)
 
     @server.tool()
+    @_clear
     def show_run(run_id: int, ledger: str = ".infragent/ledger.sqlite") -> str:
         """Every probe result of a run, in order (key, verdict, finding)."""
         from infragent.lab.ledger import Ledger
@@ -99,6 +124,7 @@ def build_server(root: str | Path) -> MCPServer:
         return json.dumps([{k: r[k] for k in ("key", "probe", "verdict", "finding")} for r in rows])
 
     @server.tool()
+    @_clear
     def evaluate_criteria(spec: str, run_id: int, ledger: str = ".infragent/ledger.sqlite") -> str:
         """Judge a spec's absolute criteria on a measure run's recorded loadgen repeats."""
         from infragent.lab.criteria import judge

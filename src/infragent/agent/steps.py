@@ -19,7 +19,7 @@ from infragent.probes.feedback import Feedback, Measure
 CHECK_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Three things to pack for a hike:")
 
 
-def check_outputs(baseline_url: str, candidate_url: str, max_tokens: int = 16) -> Feedback:
+def check_outputs(baseline_url: str, candidate_url: str, max_tokens: int = 8) -> Feedback:
     """Greedy completions of fixed prompts, one at a time, must be identical on candidate and baseline."""
     mismatches = []
     for prompt in CHECK_PROMPTS:
@@ -44,7 +44,7 @@ def objective(run: Run) -> float:
     return m.goodput if m.goodput is not None else m.output_throughput
 
 
-def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int, prompts: int = 8) -> Feedback:
+def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int, prompts: int = 6) -> Feedback:
     """A short interleaved run: objective of each side and the paired per-request E2E latency ratio.
 
     The local win is real when the candidate's objective is not lower and the 95% CI of the median paired
