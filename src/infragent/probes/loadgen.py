@@ -26,6 +26,9 @@ from infragent.probes.load_client import ConnectionPool, now_clock, stream_reque
 from infragent.probes.load_datasets import RequestSpec, file_requests, random_requests, sharegpt_requests
 
 
+PREWARM = 16  # connections opened before the measured requests when concurrency is unlimited
+
+
 @dataclass
 class LoadConfig:
     """Everything one loadgen invocation needs (flag names follow vLLM bench serve)."""
@@ -138,6 +141,7 @@ async def warm_up(config: LoadConfig, model: str, pool: ConnectionPool, clock: C
         record = RequestRecord(-1 - i, spec.prompt_len, spec.output_len, warmup=True)
         await stream_request(pool, config.endpoint, request_body(config, model, spec), record, clock)
         records.append(record)
+    await pool.prewarm(min(config.max_concurrency or PREWARM, config.num_prompts))
     return records
 
 
@@ -148,10 +152,7 @@ async def send_requests(config: LoadConfig, model: str, pool: ConnectionPool, cl
     gate = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     start = clock()
 
-    async def send(offset: float, i: int, spec: RequestSpec) -> RequestRecord:
-        delay = start + offset - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    async def send(i: int, spec: RequestSpec) -> RequestRecord:
         record = RequestRecord(i, spec.prompt_len, spec.output_len)
         body = request_body(config, model, spec)
         if gate is None:
@@ -166,7 +167,16 @@ async def send_requests(config: LoadConfig, model: str, pool: ConnectionPool, cl
     collecting = gc.isenabled()
     gc.disable()  # a full collection mid-run is a multi-ms stall charged to whichever requests are in flight
     try:
-        records = await asyncio.gather(*[send(offset, i, spec) for offset, (i, spec) in zip(offsets, indexed)])
+        # One dispatcher sleeps until each arrival and starts that request then (as vLLM's bench does):
+        # thousands of tasks created up front would all run their first step at once and stall the
+        # first requests for milliseconds.
+        tasks = []
+        for offset, (i, spec) in zip(offsets, indexed):
+            delay = start + offset - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(i, spec)))
+        records = await asyncio.gather(*tasks)
     finally:
         if collecting:
             gc.enable()

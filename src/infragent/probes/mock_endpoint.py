@@ -9,6 +9,8 @@ import asyncio
 import functools
 import json
 
+import msgspec
+
 
 def _chunk(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
@@ -54,7 +56,7 @@ async def serve_mock(host: str = "127.0.0.1", port: int = 0, tokens: int = 4,
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                                  % (len(MODELS), MODELS))
                     continue
-                request = json.loads(body or b"{}")
+                request = msgspec.json.decode(body or b"{}")
                 prompt = request.get("prompt", [])
                 out = int(request.get("max_tokens") or tokens)
                 if log is not None:
