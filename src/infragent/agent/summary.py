@@ -2,6 +2,7 @@
 result, and where the HTML report is."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 from infragent.agent.loop import Budget, Outcome, optimize
@@ -35,9 +36,14 @@ def summary_lines(outcome: Outcome) -> list[str]:
     return lines
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget, resume: int | None = None) -> Outcome:
     """Run the loop, print its trajectory and summary, write the report; return the outcome."""
     ledger = Ledger(ledger_path)
+    signal.signal(signal.SIGTERM, _interrupt)  # unwind like Ctrl-C, so every launched target is stopped
     outcome = optimize(spec_path, ledger, budget, resume)
     print()
     for line in summary_lines(outcome):
