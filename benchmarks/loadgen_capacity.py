@@ -64,7 +64,7 @@ def main() -> None:
         print("vLLM bench client: not installed here (pip install vllm pulls CUDA wheels), not compared")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"capacity": capacity, "overhead": overhead}, f, indent=1)
+            json.dump({"capacity": capacity, "overhead": overhead}, f, separators=(",", ":"))  # raw samples: compact
 
 
 if __name__ == "__main__":
