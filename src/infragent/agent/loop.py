@@ -7,7 +7,6 @@ reads top to bottom with `infragent show RUN`.
 """
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,10 +15,10 @@ from typing import Any, Callable
 from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis, suspects
 from infragent.agent.search import SearchProposer
 from infragent.agent.steps import check_outputs, end_to_end, local_ab
-from infragent.lab import environment
 from infragent.lab.ledger import Ledger
+from infragent.lab.measure import open_run
 from infragent.lab.spec import Spec, load_spec
-from infragent.lab.target import TargetError, TargetProcess, engine_config, stop_group
+from infragent.lab.target import TargetError, TargetProcess, engine_config
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback
 
@@ -112,20 +111,9 @@ def _counts(key: str, row: dict) -> bool:
 
 
 def _start(spec_path: str | Path, ledger: Ledger, resume: int | None, log: Callable[[str], None]) -> int:
-    spec_hash = hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
-    if resume is None:
-        run_id = ledger.start_run("optimize", str(spec_path), spec_hash, ledger.environment(environment.capture()))
-        log(f"run {run_id}: optimize {spec_path}")
-        return run_id
-    row = ledger.run(resume)
-    if row["spec_hash"] != spec_hash:
-        raise ValueError(f"run {resume} was made from a different spec (hash {row['spec_hash'][:12]}); "
-                         "resume it with the same file")
-    if row["target_pgid"] and stop_group(row["target_pgid"], grace_s=5):
-        log(f"stopped the target process group {row['target_pgid']} left by the interrupted run")
-    ledger.set_run(resume, status="running")
-    log(f"run {resume}: resuming")
-    return resume
+    run_id = open_run(ledger, "optimize", spec_path, resume, log)
+    log(f"run {run_id}: " + (f"optimize {spec_path}" if resume is None else "resuming"))
+    return run_id
 
 
 def _hypotheses(spec: Spec, knobs: dict, done: dict, record: Callable, experiment: int, ledger: Ledger,

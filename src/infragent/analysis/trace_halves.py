@@ -11,12 +11,12 @@ event; a cut in the wrong place cannot pass, because then one half is not valid 
 from __future__ import annotations
 
 import mmap
-import os
-import pickle
 import re
 from typing import Any, ClassVar, Union
 
 import msgspec
+
+from infragent.analysis.forked import start_in_child
 
 NAN = float("nan")
 _RAW = msgspec.Raw(b"{}")
@@ -114,32 +114,22 @@ def _frame(data: mmap.mmap) -> tuple[int | None, int, dict[str, Any]]:
 
 def decode_halves(first: memoryview, second: memoryview, builder: Any) -> bool:
     """Decode the second half in a forked child and the first here, into builder. False: take the careful path."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.close(read_end)
-            mine = type(builder)(builder.source, False)
-            mine.add(_DECODER.decode(second), 1 << 40)  # ordered after the first half's rows
-            payload, status = pickle.dumps(("ok", mine.export()), protocol=5), 0
-        except BaseException as err:  # noqa: BLE001 - any failure sends the parent to the careful path
-            payload = pickle.dumps(("error", repr(err)))
-        with os.fdopen(write_end, "wb") as out:
-            out.write(payload)
-        os._exit(status)
-    os.close(write_end)
+    def second_half() -> tuple:
+        mine = type(builder)(builder.source, False)
+        mine.add(_DECODER.decode(second), 1 << 40)  # ordered after the first half's rows
+        return mine.export()
+
+    join = start_in_child(second_half)
     ok = True
     try:
         builder.add(_DECODER.decode(first), 0)
     except (msgspec.DecodeError, ValueError):
         ok = False
-    finally:
-        with os.fdopen(read_end, "rb") as inp:
-            received = inp.read()
-        os.waitpid(pid, 0)
-    status, other = pickle.loads(received)
-    if not ok or status != "ok":
+    try:
+        other = join()
+    except Exception:  # noqa: BLE001 - any failure in the child sends the caller to the careful path
+        return False
+    if not ok:
         return False
     builder.merge(other)
     return True

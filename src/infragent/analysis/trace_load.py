@@ -9,10 +9,10 @@ naming the file and the byte offset or event index.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import mmap
 import os
-import pickle
 import threading
 import zlib
 from pathlib import Path
@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from infragent.analysis import trace_halves
+from infragent.analysis.forked import start_in_child
 from infragent.analysis.trace_columns import GPU_CATEGORIES, Track, TraceColumns
 from infragent.trace_model import CPU_NS_KEY, Trace, TraceFormatError
 
@@ -31,19 +32,6 @@ MAP_ABOVE_BYTES = 64 << 20  # files this big are memory-mapped rather than read 
 BATCH = 100_000  # events decoded to structs at a time: peak memory is the file, not the file plus its structs
 _NAN = float("nan")
 _NO_ARGS = msgspec.Raw(b"{}")
-
-
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    name: str = ""
-    cat: str = ""
-    ts: float = _NAN
-    dur: float = 0.0
-    pid: int | str = 0
-    tid: int | str = 0
-    id: int | str | None = None
-    bp: str | None = None
-    args: msgspec.Raw = _NO_ARGS
 
 
 class _LeanEvent(msgspec.Struct, gc=False):
@@ -56,6 +44,14 @@ class _LeanEvent(msgspec.Struct, gc=False):
     dur: float = 0.0
     pid: int | str = 0
     tid: int | str = 0
+
+
+class _Event(_LeanEvent, gc=False):
+    """Every field any event type needs: flows' id and binding point, counters' and names' args."""
+
+    id: int | str | None = None
+    bp: str | None = None
+    args: msgspec.Raw = _NO_ARGS
 
 
 class _File(msgspec.Struct, gc=False):
@@ -115,37 +111,21 @@ def _decode_in_two_processes(data: bytes | mmap.mmap, raws: list[msgspec.Raw], b
 
     Decoding is CPU-bound and holds the GIL, so a second process is the only way to use the second core.
     """
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: decode, send the columns back, exit without running the parent's cleanup
-        status = 1
-        try:
-            os.close(read_end)
-            mine, region = _Builder(builder.source, False), _Region(data)
-            for first in range(BATCH, len(raws), 2 * BATCH):
-                batch = raws[first:first + BATCH]
-                mine.add(_decode_batch(batch, first, builder.source, lean=True, region=region), first, batch)
-            payload = pickle.dumps(("ok", mine.export()), protocol=5)
-            status = 0
-        except BaseException as err:  # noqa: BLE001 - anything goes back to the parent to raise
-            payload = pickle.dumps(("error", err if isinstance(err, TraceFormatError) else RuntimeError(repr(err))))
-        with os.fdopen(write_end, "wb") as out:
-            out.write(payload)
-        os._exit(status)
-    os.close(write_end)
-    try:
+    def decode(builder_: _Builder, parity: int) -> _Builder:
         region = _Region(data)
-        for first in range(0, len(raws), 2 * BATCH):
+        for first in range(parity * BATCH, len(raws), 2 * BATCH):
             batch = raws[first:first + BATCH]
-            builder.add(_decode_batch(batch, first, builder.source, lean=True, region=region), first, batch)
-    finally:
-        with os.fdopen(read_end, "rb") as inp:
-            received = inp.read()
-        os.waitpid(pid, 0)
-    status, other = pickle.loads(received)
-    if status == "error":
-        raise other
-    builder.merge(other)
+            builder_.add(_decode_batch(batch, first, builder.source, lean=True, region=region), first, batch)
+        return builder_
+
+    join = start_in_child(lambda: decode(_Builder(builder.source, False), 1).export())
+    try:
+        decode(builder, 0)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            join()  # reap the child; our own error is the one to report
+        raise
+    builder.merge(join())  # or the child's error, with its event's index
 
 
 def columns_from_trace(trace: Trace) -> TraceColumns:

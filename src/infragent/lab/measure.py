@@ -38,22 +38,28 @@ def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat:
     return {name: Run(run.records, run.duration_s, dict(scenario.goodput_ms) or None) for name, run in runs.items()}
 
 
+def open_run(ledger: Ledger, kind: str, spec_path: str | Path, resume: int | None,
+             log: Callable[[str], None]) -> int:
+    """A new run in the ledger, or the interrupted one to resume: same spec (by hash) required, and a target
+    process group the crashed run left behind is stopped first."""
+    spec_hash = hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
+    if resume is None:
+        return ledger.start_run(kind, str(spec_path), spec_hash, ledger.environment(environment.capture()))
+    row = ledger.run(resume)
+    if row["spec_hash"] != spec_hash:
+        raise ValueError(f"run {resume} was made from a different spec (hash {row['spec_hash'][:12]}); "
+                         "resume it with the same file")
+    if row["target_pgid"] and stop_group(row["target_pgid"], grace_s=5):
+        log(f"stopped the target process group {row['target_pgid']} left by the interrupted run")
+    ledger.set_run(resume, status="running")
+    return resume
+
+
 def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,
             log: Callable[[str], None] = print) -> int:
     """Run (or resume) a baseline measurement of the spec's target; return the run id."""
     spec = load_spec(spec_path)
-    spec_hash = hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
-    if resume is None:
-        run_id = ledger.start_run("measure", str(spec_path), spec_hash, ledger.environment(environment.capture()))
-    else:
-        run_id = resume
-        row = ledger.run(run_id)
-        if row["spec_hash"] != spec_hash:
-            raise ValueError(f"run {run_id} was made from a different spec (hash {row['spec_hash'][:12]}); "
-                             "resume it with the same file")
-        if row["target_pgid"] and stop_group(row["target_pgid"], grace_s=5):
-            log(f"stopped the target process group {row['target_pgid']} left by the interrupted run")
-        ledger.set_run(run_id, status="running")
+    run_id = open_run(ledger, "measure", spec_path, resume, log)
     done = ledger.completed_keys(run_id)
     experiment = ledger.experiment(run_id, "baseline", {})
     todo = [(s, r) for s in spec.scenarios for r in range(s.repeats) if f"{s.name}/{r}" not in done]
