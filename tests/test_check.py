@@ -81,7 +81,8 @@ def test_partitioned_correct_matmul_passes(partition):
 def test_splitk_partition_catches_a_bug_only_on_short_reductions():
     fb = run_check(cc.short_k_buggy, cc.matmul, cc.long_k_inputs, partition="splitk:4", trials=3)
     assert fb.verdict == "fail"
-    assert fb.finding.startswith("partitioned run splitk:4 differs on shard 0 (arg 0[:, 0:256], arg 1[0:256, :])")
+    assert fb.finding.startswith("partitioned run splitk:4 differs on shards 0 (arg 0[:, 0:256], arg 1[0:256, :]), 1 (")
+    assert "while the unpartitioned run agrees" in fb.finding
     assert fb.locality["shard"] == 0
     assert run_check(cc.short_k_buggy, cc.matmul, cc.long_k_inputs, trials=3).verdict == "pass"
 

@@ -2,6 +2,9 @@
 
     [target]                      kind = "engine" (model = "llama") or kind = "command" with
                                   command = "vllm serve M --max-num-seqs {max_num_seqs}", ready_url, base_url
+                                  or kind = "kernel" with candidate, reference, inputs = "FILE.py:function"
+                                  (files next to the spec; knobs become keyword arguments of the candidate),
+                                  optional partition, bench_inputs, workload, rtol
     [knobs.NAME]                  type = "int" | "float" | "choice" | "bool"; domain = [lo, hi] or choices;
                                   touches = ["decode", "kv.gather"]   (spans or kernels the knob acts on)
     [[scenarios]]                 name, and loadgen fields (num_prompts, max_concurrency, request_rate, ...)
@@ -30,6 +33,13 @@ METRICS: dict[str, tuple[str, bool]] = {
     "e2el_median_ms": ("request", False), "e2el_p99_ms": ("request", False),
     "output_tok_s": ("request", True), "request_per_s": ("request", True), "goodput": ("request", True),
 }
+# kernel targets: judged on the gates' probes, not on a loadgen scenario
+KERNEL_METRICS: dict[str, tuple[str, bool]] = {
+    "rel_error": ("kernel", False),  # worst relative error vs the reference over the check's trials and shards
+    "time_ratio": ("kernel", False),  # candidate time / baseline time (bench, paired)
+    "reference_time_ratio": ("kernel", False),  # candidate time / reference time (bench, paired)
+}
+METRICS.update(KERNEL_METRICS)
 
 
 class SpecError(ValueError):
@@ -43,18 +53,35 @@ class _Strict(BaseModel):
 class Target(_Strict):
     """What is optimized: the built-in engine, or a launch command with {knob} placeholders."""
 
-    kind: Literal["engine", "command"] = "engine"
+    kind: Literal["engine", "command", "kernel"] = "engine"
     model: str = "llama"
     command: Optional[str] = None
     ready_url: Optional[str] = None
     base_url: Optional[str] = None
     ready_timeout_s: float = Field(300.0, gt=0)
     serve_args: list[str] = Field(default_factory=list)  # extra `infragent serve` flags for an engine target
+    # kernel targets: "FILE.py:function" next to the spec
+    candidate: Optional[str] = None
+    reference: Optional[str] = None
+    inputs: Optional[str] = None
+    bench_inputs: Optional[str] = None  # the case the benchmark times (default: inputs' first draw)
+    workload: Optional[str] = None  # a run with threads, for the trace and GIL probes
+    partition: Optional[str] = None  # also check the candidate partitioned, e.g. "column:2"
+    rtol: Optional[float] = Field(None, gt=0)  # the check's tolerance (default: by dtype and K)
+    code: str = "."  # the folder code proposers may change, relative to the spec
 
     @model_validator(mode="after")
-    def _command_needs_urls(self) -> "Target":
+    def _kind_has_its_fields(self) -> "Target":
         if self.kind == "command" and not (self.command and self.ready_url and self.base_url):
             raise ValueError("a command target needs command, ready_url and base_url")
+        if self.kind == "kernel":
+            for name in ("candidate", "reference", "inputs"):
+                if not getattr(self, name):
+                    raise ValueError(f"{name}: a kernel target needs {name} = \"FILE.py:function\"")
+            for name in ("candidate", "reference", "inputs", "bench_inputs", "workload"):
+                value = getattr(self, name)
+                if value and not re.fullmatch(r"[\w./-]+\.py:[\w.]+", value):
+                    raise ValueError(f"{name}: {value!r} must look like FILE.py:function")
         return self
 
 
@@ -105,7 +132,7 @@ class Scenario(_Strict):
 class Criterion(_Strict):
     """An acceptance rule for one scenario, phase and prompt-length bucket (never averaged across them)."""
 
-    scenario: str
+    scenario: str = ""  # empty for a kernel target's criteria
     metric: str
     bucket: str = "all"  # a bucket name like "<=512", or "each" for every bucket separately
     max: Optional[float] = None
@@ -142,7 +169,7 @@ class Spec(_Strict):
 
     target: Target = Field(default_factory=Target)
     knobs: dict[str, Knob] = Field(default_factory=dict)
-    scenarios: list[Scenario] = Field(min_length=1)
+    scenarios: list[Scenario] = Field(default_factory=list)
     criteria: list[Criterion] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -150,7 +177,16 @@ class Spec(_Strict):
         names = [s.name for s in self.scenarios]
         if len(set(names)) != len(names):
             raise ValueError(f"scenarios: names must be unique, got {names}")
+        kernel = self.target.kind == "kernel"
+        if not kernel and not names:
+            raise ValueError("scenarios: a serving target needs at least one [[scenarios]] table")
         for i, c in enumerate(self.criteria):
+            if (c.metric in KERNEL_METRICS) != kernel:
+                allowed = ", ".join(KERNEL_METRICS if kernel else (m for m in METRICS if m not in KERNEL_METRICS))
+                raise ValueError(f"criteria.{i}.metric: {c.metric!r} does not apply to a {self.target.kind} "
+                                 f"target; choose one of {allowed}")
+            if kernel:
+                continue
             if c.scenario not in names:
                 raise ValueError(f"criteria.{i}.scenario: unknown scenario {c.scenario!r}; known: {', '.join(names)}")
             if c.metric == "goodput" and not self.scenarios[names.index(c.scenario)].goodput_ms:
@@ -252,7 +288,9 @@ def locate(text: str, loc: list[str]) -> int:
 def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
     """The steps an optimize run would take, as readable lines (for --dry-run)."""
     target = spec.target
-    lines = [f"target: {target.kind}" + (f" {target.model}" if target.kind == "engine" else f": {target.command}")]
+    what = {"engine": f" {target.model}", "command": f": {target.command}",
+            "kernel": f": {target.candidate} vs reference {target.reference} on {target.inputs}"}[target.kind]
+    lines = [f"target: {target.kind}{what}"]
     for name, knob in spec.knobs.items():
         lines.append(f"knob {name}: {knob.type} in {knob.domain}" + (f", touches {', '.join(knob.touches)}"
                                                                      if knob.touches else ""))
@@ -264,7 +302,15 @@ def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
     for c in spec.criteria:
         rule = (f"<= {c.max}" if c.max is not None else f">= {c.min}" if c.min is not None
                 else f"regression <= {c.max_regression:.0%} vs baseline ({c.test}, alpha {c.alpha})")
-        lines.append(f"criterion [{c.scenario} / {c.phase} / bucket {c.bucket}] {c.metric} {rule}")
+        where = "kernel" if target.kind == "kernel" else f"{c.scenario} / {c.phase} / bucket {c.bucket}"
+        lines.append(f"criterion [{where}] {c.metric} {rule}")
+    if target.kind == "kernel":
+        lines.append("steps: the feedback ladder on the baseline (check" + (f" partitioned {target.partition}"
+                     if target.partition else "") + ", roofline vs the reference, traced calls" +
+                     (", workload trace and GIL" if target.workload else "") + ", bench vs the reference) -> "
+                     "hypotheses -> per proposal (knobs or a patch in its own git worktree), in a subprocess with "
+                     "a timeout and a memory limit: check -> bench vs baseline and reference -> criteria -> ledger")
+        return lines
     lines.append("steps: trace the baseline and attribute it -> hypotheses (suspect spans -> knobs) -> per proposal: "
                  "launch -> check greedy outputs -> short interleaved A/B -> end-to-end only after a real local "
                  "win -> judge every criterion per phase and bucket -> ledger")

@@ -18,6 +18,7 @@ from infragent.probes.compare import Comparison, compare
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.guards import GuardHit, aliased_output, clone_value, dependence_guard, mutated_argument, param_names
 from infragent.probes.inputs import Case, InputsFactory, call, draw, tensors_of
+from infragent.probes.precision import likely_precision
 from infragent.probes.partition import (PartitionError, PartitionSpec, combine, output_bounds,
                                         parse_partition, shard_of, slice_text, split_case)
 
@@ -222,6 +223,12 @@ def _err(x: float) -> str:
     return f"{x:.1e}"
 
 
+def _precision_note(max_rel_err: float) -> str:
+    """'; error level of bf16 operands ...' when an error is well above fp32 rounding."""
+    name = likely_precision(max_rel_err)
+    return "" if name.startswith(("fp32", "exact")) else f"; an error level typical of {name}"
+
+
 def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[GuardHit]) -> tuple[str, str, dict[str, Any]]:
     """(verdict, one-line finding, locality) from the trials and guard hits."""
     compared = [r for r in results if r.comparison and not r.comparison.problem]
@@ -249,10 +256,11 @@ def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[
             if len(loc.shards) > 1:
                 where["shards"] = loc.shards
             return "fail", (f"{who} of {spec.text} {verb}: {loc.slice}, first bad index {c.first_bad_index}, "
-                            f"max rel err {_err(worst)}"), where
+                            f"max rel err {_err(worst)}{_precision_note(worst)}"), where
         at = f"output {c.output} index" if c.output else "index"
         text = (f"differs on {len(bad)}/{len(compared)} trials: first on case {first.label!r} at {at} "
-                f"{c.first_bad_index}, max rel err {_err(c.max_rel_err)} (tol {_err(c.tol)})")
+                f"{c.first_bad_index}, max rel err {_err(c.max_rel_err)} (tol {_err(c.tol)})"
+                f"{_precision_note(c.max_rel_err)}")
         if spec and spec.sums and first.partitioned and first.partitioned.bad_shards:
             shard = first.partitioned.bad_shards[0]
             text += f"; on {spec.text} shard {shard.index} ({shard.inputs}) differs too"
@@ -264,11 +272,13 @@ def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[
         where = {"partition": spec.text, "case": part.label}
         if p.bad_shards:
             s = p.bad_shards[0]
-            where.update(shard=s.index, inputs=s.inputs)
+            where.update(shard=s.index, inputs=s.inputs, shards=[b.index for b in p.bad_shards])
             why = s.error or (f"max rel err {_err(s.comparison.max_rel_err)}, first bad index "
-                              f"{s.comparison.first_bad_index}")
-            return "fail", (f"partitioned run {spec.text} differs on shard {s.index} ({s.inputs}) on case "
-                            f"{part.label!r}: {why}"), where
+                              f"{s.comparison.first_bad_index}{_precision_note(s.comparison.max_rel_err)}")
+            who = (f"shard {s.index} ({s.inputs})" if len(p.bad_shards) == 1 else
+                   "shards " + ", ".join(f"{b.index} ({b.inputs})" for b in p.bad_shards))
+            return "fail", (f"partitioned run {spec.text} differs on {who} on case {part.label!r} while the "
+                            f"unpartitioned run agrees: {why}"), where
         why = p.error or f"max rel err {_err(p.combined.max_rel_err)} (tol {_err(p.combined.tol)})"
         return "fail", f"partitioned run {spec.text} differs from unpartitioned after combining shards: {why}", where
     ref_errors = [r for r in results if r.reference_error]
@@ -295,6 +305,11 @@ def _feedback(spec: PartitionSpec | None, results: list[TrialResult], hits: list
         "trials": Measure(len(results)),
         "bad_trials": Measure(sum(1 for r in results if r.error or (r.comparison and not r.comparison.ok))),
     }
+    if spec:
+        numbers["max_rel_err_partitioned"] = Measure(max(
+            (c.max_rel_err for r in results if r.partitioned for c in
+             [s.comparison for s in r.partitioned.shards] + [r.partitioned.combined] if c is not None),
+            default=float("nan")), n=n)
     by_k: dict[int, dict[str, Any]] = {}
     for r in compared:
         if r.reduction:

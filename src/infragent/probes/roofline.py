@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from infragent.probes.redundancy import describe, extra_work
 from infragent.probes.work import WorkCount, work_of
 from infragent.analysis.stats import Summary, bootstrap_median, min_detectable_effect
 from infragent.probes.feedback import Feedback, Measure
@@ -207,6 +208,9 @@ def _finding(r: RooflineResult, noisy: bool, rel: float) -> str:
     if red is not None:
         text += (f"; {red:.1%} of FLOPs redundant ({_g(r.useful_flops)} useful of {_g(r.work.flops)})" if red > 0
                  else f"; no redundant FLOPs (useful {_g(r.useful_flops)} >= actual {_g(r.work.flops)})")
+        if red > 0 and r.reference_work is not None and r.reference_work.by_op and r.work.by_op:
+            where = describe(extra_work(r.work, r.reference_work), r.work.flops)
+            text += f" -- {where}" if where else ""
     if r.others_cores is not None and r.others_cores > CONTENDED_CORES:
         text += f" [contended: other processes used {r.others_cores:.1f} of {os.cpu_count()} cores while timing]"
     if noisy:
@@ -268,6 +272,12 @@ def to_feedback(r: RooflineResult, max_rel_ci: float = 0.2) -> Feedback:
     }
     if r.reference_work is not None:
         details["reference_counts"] = asdict(r.reference_work)
+        rows = extra_work(r.work, r.reference_work) if r.reference_work.by_op and r.work.by_op else []
+        details["extra_work"] = [{**asdict(row), "repeat": row.repeat, "extra_flops": row.extra_flops} for row in rows]
+        recomputed = [row for row in rows if row.kind == "recomputed"]
+        if recomputed:
+            numbers["recompute_factor"] = Measure(max(row.repeat for row in recomputed), "x per call")
+            numbers["recomputed_flop_fraction"] = Measure(sum(row.extra_flops for row in recomputed) / r.work.flops)
     return Feedback(probe="roofline", verdict="inconclusive" if noisy else "pass", finding=_finding(r, noisy, rel),
                     numbers=numbers, locality={"function": r.name, "shapes": r.shapes},
                     next_probes=_next_probes(r, noisy),

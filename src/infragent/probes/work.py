@@ -33,6 +33,7 @@ class WorkCount:
     op_bytes: float = 0.0  # upper bound: every op's operands read and results written through memory
     parts: dict[str, float] = field(default_factory=dict)  # counted FLOPs by kind
     uncounted_ops: dict[str, int] = field(default_factory=dict)  # ops with no FLOP rule (counted as 0)
+    by_op: dict[str, tuple[int, float]] = field(default_factory=dict)  # op name -> (calls, FLOPs); when counted
 
 
 # ---- formulas ---------------------------------------------------------------------------------------------
@@ -131,6 +132,8 @@ class _OpCounter(TorchDispatchMode):
         self.registry = matmul_registry
         self.parts: Counter[str] = Counter()
         self.uncounted: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.op_flops: Counter[str] = Counter()
         self.ops = 0
         self.op_bytes = 0
 
@@ -142,23 +145,28 @@ class _OpCounter(TorchDispatchMode):
         self.ops += 1
         self.op_bytes += sum(_nbytes(t) for t in tensors_of((args, kwargs)) + tensors_of(out))
         name = _base_name(func)
+        self.calls[name] += 1
         packet = func._overloadpacket
         sibling = getattr(torch.ops.aten, name, None)
         if packet in self.registry:
             pass  # FlopCounterMode counts it
         elif sibling is not None and sibling in self.registry:  # e.g. baddbmm_: FlopCounterMode misses in-place
-            self.parts["matmul_inplace"] += self.registry[sibling](*args, **kwargs, out_val=out)
+            self._add("matmul_inplace", name, self.registry[sibling](*args, **kwargs, out_val=out))
         elif name in _DATA_MOVEMENT:
             pass
         elif torch.Tag.pointwise in func.tags:
             outs = tensors_of(out)
-            self.parts["pointwise"] += outs[0].numel() if outs else 0
+            self._add("pointwise", name, outs[0].numel() if outs else 0)
         elif torch.Tag.reduction in func.tags:
             ins = tensors_of(args)
-            self.parts["reduction"] += max((t.numel() for t in ins), default=0)
+            self._add("reduction", name, max((t.numel() for t in ins), default=0))
         else:
             self.uncounted[str(func)] += 1
         return out
+
+    def _add(self, part: str, name: str, flops: int) -> None:
+        self.parts[part] += flops
+        self.op_flops[name] += flops
 
 
 def _io_bytes(case: Case, fn: Callable[..., Any]) -> tuple[Any, float]:
@@ -194,8 +202,11 @@ def count_work(fn: Callable[..., Any], case: Case) -> WorkCount:
     with counter, ops:
         _, nbytes = _io_bytes(case, fn)
     parts = {"matmul": float(counter.get_total_flops()), **{k: float(v) for k, v in ops.parts.items()}}
+    for packet, flops in counter.get_flop_counts().get("Global", {}).items():
+        ops.op_flops[str(packet).split(".")[-1]] += flops
+    by_op = {name: (calls, float(ops.op_flops[name])) for name, calls in ops.calls.items()}
     return WorkCount(flops=sum(parts.values()), bytes=nbytes, source="counted", ops=ops.ops,
-                     op_bytes=float(ops.op_bytes), parts=parts, uncounted_ops=dict(ops.uncounted))
+                     op_bytes=float(ops.op_bytes), parts=parts, uncounted_ops=dict(ops.uncounted), by_op=by_op)
 
 
 def work_of(fn: Callable[..., Any], case: Case) -> WorkCount:
