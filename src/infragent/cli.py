@@ -278,7 +278,13 @@ def loadgen(
 def optimize(
     spec: Optional[str] = typer.Argument(None, help="A spec TOML or a scenario-pack folder (default: the engine-slo pack)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and print the plan; run nothing."),
-    proposer: str = typer.Option("search", "--proposer", help="search (Optuna over the suspect knobs)."),
+    proposer: str = typer.Option("search", "--proposer", help="search (Optuna over the suspect knobs), llm (an "
+                                 "OpenAI-compatible model with tools) or command (an external program: JSON on stdin, "
+                                 "a patch out); llm and command patch kernel targets in a git worktree."),
+    command: Optional[str] = typer.Option(None, "--command", help="The program for --proposer command."),
+    llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", help="Default: $INFRAGENT_LLM_BASE_URL or "
+                                               "$OPENAI_BASE_URL."),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="Default: $INFRAGENT_LLM_MODEL or $OPENAI_MODEL."),
     budget_probes: int = typer.Option(12, "--budget-probes", help="Stop after this many probe runs."),
     budget_minutes: float = typer.Option(8.0, "--budget-minutes", help="Stop starting trials after this long."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue an interrupted run."),
@@ -300,9 +306,28 @@ def optimize(
         typer.echo(line)
     if dry_run:
         return
-    if proposer != "search":
-        _fail(f"--proposer {proposer}: only 'search' is built so far (llm and command come with issue 7's rest)")
-    run_optimize(path, ledger_path, Budget(budget_probes, budget_minutes), resume)
+    try:
+        code_proposer = _code_proposer(proposer, command, llm_base_url, llm_model)
+        run_optimize(path, ledger_path, Budget(budget_probes, budget_minutes), resume, code_proposer)
+    except (ValueError, RuntimeError) as err:
+        _fail(str(err))
+
+
+def _code_proposer(name: str, command: Optional[str], base_url: Optional[str], model: Optional[str]):  # noqa: ANN202
+    """None for search; the llm or command proposer otherwise (errors name the missing flag or variable)."""
+    if name == "search":
+        return None
+    if name == "command":
+        from infragent.agent.command_proposer import CommandProposer
+
+        if not command:
+            raise ValueError("--proposer command needs --command 'PROGRAM ARGS' (it gets JSON on stdin, returns a patch)")
+        return CommandProposer(command)
+    if name == "llm":
+        from infragent.agent.llm_proposer import LLMProposer
+
+        return LLMProposer(base_url=base_url, model=model)
+    raise ValueError(f"--proposer {name}: choose search, llm or command")
 
 
 DEFAULT_LEDGER = ".infragent/ledger.sqlite"

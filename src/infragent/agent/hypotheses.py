@@ -22,6 +22,7 @@ class Hypothesis:
     probe: str  # the cheapest probe that could refute it
     predicted: str  # the effect it predicts, as an upper bound where one exists
     evidence: list[str] = field(default_factory=list)
+    cites: dict[str, float] = field(default_factory=dict)  # "LEDGER_KEY:path/in/its/feedback" -> the number
 
 
 def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis]:

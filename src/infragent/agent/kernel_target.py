@@ -1,23 +1,20 @@
 """A kernel target's code, loaded from a folder: the candidate (with knob values bound as keyword
 arguments), the reference, the inputs factories and the optional threaded workload.
 
-Files load by path under a module name unique to their folder, so the baseline's folder and a candidate's
-worktree can be loaded side by side in one process (the benchmark interleaves them). A pack's files import
-from infragent and torch, not from each other.
+Files load by path (probes/callables.from_file), so the baseline's folder and a candidate's worktree load
+side by side in one process (the benchmark interleaves them). A pack's files import from infragent and
+torch, not from each other.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import inspect
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable
 
 from infragent.lab.spec import Target
+from infragent.probes.callables import CallableError, from_file
 
 
 class KernelTargetError(ValueError):
@@ -52,34 +49,10 @@ class KernelTarget:
 def load_function(root: Path, ref: str, what: str) -> Callable[..., Any]:
     """'FILE.py:function' under root, loaded by path."""
     file, _, name = ref.partition(":")
-    module = _load_module(root / file, what)
-    target: Any = module
-    for part in name.split("."):
-        if not hasattr(target, part):
-            raise KernelTargetError(f"{root / file}: {what} {ref!r}: no attribute {part!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise KernelTargetError(f"{root / file}: {what} {ref!r} is not callable")
-    return target
-
-
-def _load_module(path: Path, what: str) -> ModuleType:
-    path = path.resolve()
-    key = "infragent_code_" + hashlib.sha1(str(path).encode()).hexdigest()[:12] + "_" + path.stem
-    if key in sys.modules:
-        return sys.modules[key]
-    if not path.is_file():
-        raise KernelTargetError(f"{path}: {what}: no such file")
-    spec = importlib.util.spec_from_file_location(key, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
     try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[key]
-        raise KernelTargetError(f"{path}: {what}: importing it raised {type(err).__name__}: {err}") from err
-    return module
+        return from_file(root / file, name, what)
+    except CallableError as err:
+        raise KernelTargetError(str(err)) from err
 
 
 def load_kernel_target(target: Target, root: Path, knobs: dict[str, Any]) -> KernelTarget:

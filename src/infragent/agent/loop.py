@@ -85,17 +85,12 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, resume: int 
         while True:
             key = f"trial/{trial}"
             replay = _replay(done, key)
-            if replay is None and not clock.left(probes_needed=2):
-                outcome.limits.append(f"budget: {clock.probes} probes of {budget.probes}, "
-                                      f"{clock.minutes():.1f} of {budget.minutes:g} minutes")
+            if replay is None and out_of_budget(clock, outcome):
                 break
             number, knobs = proposer.propose() if replay is None else _enqueue(proposer, replay["knobs"])
             result = replay or _trial(spec, key, knobs, base.base_url, ledger, run_id, record, clock, trial, log)
             outcome.trials.append(result)
-            if result["status"] == "measured":
-                proposer.tell(number, result["objective"], result["feasible"])
-            else:
-                proposer.reject(number)
+            tell(proposer, number, result)
             trial += 1
         ledger.set_run(run_id, target_pgid=None)
     outcome.best, limits = _best(outcome.trials)
@@ -104,8 +99,26 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, resume: int 
     return outcome
 
 
+def out_of_budget(clock: _Clock, outcome: Outcome) -> bool:
+    """True (and the limit noted in the outcome) when another trial's two probes would overrun the budget."""
+    if clock.left(probes_needed=2):
+        return False
+    outcome.limits.append(f"budget: {clock.probes} probes of {clock.budget.probes}, "
+                          f"{clock.minutes():.1f} of {clock.budget.minutes:g} minutes")
+    return True
+
+
+def tell(search: SearchProposer, number: int, result: dict) -> None:
+    """Tell the search proposer a trial's result: its objective and feasibility, or that it failed."""
+    if result["status"] == "measured":
+        search.tell(number, result["objective"], result["feasible"])
+    else:
+        search.reject(number)
+
+
 def _counts(key: str, row: dict) -> bool:
-    """Whether a ledger record was a probe run (not a hypothesis, a trial's outcome or its raw records)."""
+    """Whether a ledger record was a probe run (not a hypothesis, a trial's outcome or its raw records); a code
+    proposal counts (it is a step with a cost, e.g. a model's turns)."""
     probe = row.get("probe") or row.get("feedback", {}).get("probe")
     return probe not in ("hypothesis", "trial", "loadgen")
 
@@ -127,7 +140,12 @@ def _hypotheses(spec: Spec, knobs: dict, done: dict, record: Callable, experimen
         record("trace/baseline", trace_engine(spec, knobs), experiment, started)
     analysis = Feedback(**{k: v for k, v in done["trace/baseline"]["feedback"].items()
                            if k in ("probe", "verdict", "finding", "details")})
-    found = from_analysis(analysis, spec.knobs)
+    return record_hypotheses(from_analysis(analysis, spec.knobs), done, ledger, run_id, experiment, log)
+
+
+def record_hypotheses(found: list[Hypothesis], done: dict, ledger: Ledger, run_id: int, experiment: int,
+                      log: Callable[[str], None]) -> list[Hypothesis]:
+    """Each hypothesis not yet in the ledger as its own record (claim, probe, prediction, what it cites)."""
     for i, h in enumerate(found):
         key = f"hypothesis/{i}"
         if key not in done:

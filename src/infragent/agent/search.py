@@ -27,6 +27,7 @@ class SearchProposer:
         self.knobs = chosen or dict(knobs)  # nothing matched the suspects: search everything
         self.fixed = {n: k.default for n, k in knobs.items() if n not in self.knobs and k.default is not None}
         continuous = all(k.type == "float" for k in self.knobs.values())
+        self.finite = all(_finite_values(k) is not None for k in self.knobs.values())
         sampler: optuna.samplers.BaseSampler
         if continuous and len(self.knobs) > 1:
             sampler = optuna.samplers.CmaEsSampler(seed=seed)
@@ -38,6 +39,17 @@ class SearchProposer:
     def start_from(self, values: dict[str, Any]) -> None:
         """Make the first proposal a known point (e.g. the spec's defaults, to learn from the baseline)."""
         self.study.enqueue_trial({n: v for n, v in values.items() if n in self.knobs})
+
+    def unmeasured(self, measured: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """In a finite space (choice, bool and small int knobs only): the first point not yet measured, else None."""
+        grid = [{}]
+        for name, knob in self.knobs.items():
+            values = _finite_values(knob)
+            if values is None:
+                return None
+            grid = [{**point, name: v} for point in grid for v in values]
+        seen = [{n: m.get(n) for n in self.knobs} for m in measured]
+        return next(({**self.fixed, **point} for point in grid if point not in seen), None)
 
     def propose(self) -> tuple[int, dict[str, Any]]:
         """(trial number, knob values); the values include the fixed knobs."""
@@ -68,3 +80,13 @@ def _suggest(trial: optuna.Trial, name: str, knob: Knob) -> Any:
     if knob.type == "bool":
         return trial.suggest_categorical(name, [False, True])
     return trial.suggest_categorical(name, list(knob.domain))
+
+
+def _finite_values(knob: Knob) -> list[Any] | None:
+    if knob.type == "choice":
+        return list(knob.domain)
+    if knob.type == "bool":
+        return [False, True]
+    if knob.type == "int" and knob.domain[1] - knob.domain[0] <= 16:
+        return list(range(int(knob.domain[0]), int(knob.domain[1]) + 1))
+    return None

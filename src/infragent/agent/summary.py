@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
+from infragent.agent.kernel_loop import optimize_kernel
 from infragent.agent.loop import Budget, Outcome, optimize
+from infragent.lab.spec import load_spec
 from infragent.lab.ledger import Ledger
 from infragent.lab.report import write_report
 
@@ -26,6 +29,9 @@ def summary_lines(outcome: Outcome) -> list[str]:
             if j.get("regression") is not None:  # relative: the change against the baseline, with its CI
                 lines.append(f"  {j['verdict'].upper():4s} {where} {j['value']:.4g} vs baseline {j['baseline']:.4g}: "
                              f"{j['regression']:+.1%} [{lo:+.1%}, {hi:+.1%}] (worse > 0)")
+            elif j["phase"] == "kernel":
+                lines.append(f"  {j['verdict'].upper():4s} {j['message']}" + (" (paired bench ratio, 95% CI)"
+                             if "ratio" in j["metric"] else " (worst over the check's trials and shards)"))
             else:
                 lines.append(f"  {j['verdict'].upper():4s} {where} {j['value']:.4g} [{lo:.4g}, {hi:.4g}] "
                              "(median across repeats, 95% CI)")
@@ -40,11 +46,20 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget, resume: int | None = None) -> Outcome:
-    """Run the loop, print its trajectory and summary, write the report; return the outcome."""
+def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget, resume: int | None = None,
+                 proposer: Any = None) -> Outcome:
+    """Run the loop (serving or kernel target), print its trajectory and summary, write the report.
+
+    proposer: None for the search proposer, or a code proposer (llm, command; kernel targets only)."""
     ledger = Ledger(ledger_path)
     signal.signal(signal.SIGTERM, _interrupt)  # unwind like Ctrl-C, so every launched target is stopped
-    outcome = optimize(spec_path, ledger, budget, resume)
+    if load_spec(spec_path).target.kind == "kernel":
+        outcome = optimize_kernel(spec_path, ledger, budget, proposer, resume)
+    else:
+        if proposer is not None:
+            raise ValueError(f"--proposer {proposer.name}: code proposers need a kernel target (a patchable "
+                             "folder); serving targets are tuned by knobs with --proposer search")
+        outcome = optimize(spec_path, ledger, budget, resume)
     print()
     for line in summary_lines(outcome):
         print(line)

@@ -141,34 +141,8 @@ class Workspace:
 
     def run(self, argv: list[str], timeout_s: float, memory_gb: float | None = 4.0, env: dict | None = None,
             cwd: Path | None = None, stdin: str | None = None) -> Completed:
-        """Run argv in its own process group under an address-space limit; on timeout kill the whole group."""
-        environment = {**os.environ, **(env or {})}
-        limit = None if memory_gb is None else int(memory_gb * 1024**3)
-        started = time.perf_counter()
-        try:
-            process = subprocess.Popen(
-                argv, cwd=cwd or self.root, env=environment, text=True, encoding="utf-8", errors="replace",
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=None if limit is None else lambda: _limit_memory(limit))
-        except OSError as e:
-            raise WorkspaceError(f"cannot start {argv[0]!r}: {e}; check the command and that it is installed") from e
-        timed_out = False
-        try:
-            stdout, stderr = process.communicate(stdin, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(process.pid)
-            try:
-                stdout, stderr = process.communicate(timeout=5)
-            except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes open
-                process.kill()
-                process.wait()
-                stdout, stderr = "", ""
-        finally:
-            _kill_group(process.pid)  # stragglers a finished program left behind
-        rc = -signal.SIGKILL if timed_out else process.returncode
-        return Completed(list(argv), rc, stdout or "", stderr or "", time.perf_counter() - started, timed_out)
+        """Run argv (cwd: the root) in its own process group under an address-space limit; see run_limited."""
+        return run_limited(argv, cwd or self.root, timeout_s, memory_gb, env, stdin)
 
     def export(self, dest: Path, evidence: dict[str, Any]) -> Path:
         """Write dest/<name>.patch and dest/<name>.evidence.json; the patch's path."""
@@ -327,3 +301,35 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def run_limited(argv: list[str], cwd: Path, timeout_s: float, memory_gb: float | None = 4.0, env: dict | None = None,
+                stdin: str | None = None) -> Completed:
+    """Run argv in its own process group under an address-space limit; on timeout kill the whole group."""
+    environment = {**os.environ, **(env or {})}
+    limit = None if memory_gb is None else int(memory_gb * 1024**3)
+    started = time.perf_counter()
+    try:
+        process = subprocess.Popen(
+            argv, cwd=cwd, env=environment, text=True, encoding="utf-8", errors="replace",
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=None if limit is None else lambda: _limit_memory(limit))
+    except OSError as e:
+        raise WorkspaceError(f"cannot start {argv[0]!r}: {e}; check the command and that it is installed") from e
+    timed_out = False
+    try:
+        stdout, stderr = process.communicate(stdin, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(process.pid)
+        try:
+            stdout, stderr = process.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes open
+            process.kill()
+            process.wait()
+            stdout, stderr = "", ""
+    finally:
+        _kill_group(process.pid)  # stragglers a finished program left behind
+    rc = -signal.SIGKILL if timed_out else process.returncode
+    return Completed(list(argv), rc, stdout or "", stderr or "", time.perf_counter() - started, timed_out)

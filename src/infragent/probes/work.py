@@ -10,6 +10,7 @@ Bytes are a lower bound: every input read once, every output and every mutated i
 from __future__ import annotations
 
 import inspect
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -127,9 +128,10 @@ def _base_name(func: Any) -> str:
 class _OpCounter(TorchDispatchMode):
     """Counts what FlopCounterMode leaves out: pointwise and reduction FLOPs, in-place matmuls, ops and bytes."""
 
-    def __init__(self, matmul_registry: dict[Any, Any]) -> None:
+    def __init__(self, matmul_registry: dict[Any, Any], timeline: list | None = None) -> None:
         super().__init__()
         self.registry = matmul_registry
+        self.timeline = timeline  # when a list: (perf_counter_ns, op name, FLOPs) per op, for span attribution
         self.parts: Counter[str] = Counter()
         self.uncounted: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
@@ -149,7 +151,9 @@ class _OpCounter(TorchDispatchMode):
         packet = func._overloadpacket
         sibling = getattr(torch.ops.aten, name, None)
         if packet in self.registry:
-            pass  # FlopCounterMode counts it
+            if self.timeline is not None:  # FlopCounterMode counts it; the timeline needs it per call
+                self.timeline.append((time.perf_counter_ns(), name, self.registry[packet](*args, **kwargs, out_val=out)))
+            return out
         elif sibling is not None and sibling in self.registry:  # e.g. baddbmm_: FlopCounterMode misses in-place
             self._add("matmul_inplace", name, self.registry[sibling](*args, **kwargs, out_val=out))
         elif name in _DATA_MOVEMENT:
@@ -167,6 +171,8 @@ class _OpCounter(TorchDispatchMode):
     def _add(self, part: str, name: str, flops: int) -> None:
         self.parts[part] += flops
         self.op_flops[name] += flops
+        if self.timeline is not None:
+            self.timeline.append((time.perf_counter_ns(), name, flops))
 
 
 def _io_bytes(case: Case, fn: Callable[..., Any]) -> tuple[Any, float]:
@@ -195,10 +201,12 @@ def _io_bytes(case: Case, fn: Callable[..., Any]) -> tuple[Any, float]:
     return result, float(total)
 
 
-def count_work(fn: Callable[..., Any], case: Case) -> WorkCount:
-    """Run fn on case once and count: FlopCounterMode for matmul-like ops, the rules above for the rest."""
+def count_work(fn: Callable[..., Any], case: Case, timeline: list | None = None) -> WorkCount:
+    """Run fn on case once and count: FlopCounterMode for matmul-like ops, the rules above for the rest.
+
+    timeline: a list to append (perf_counter_ns, op, FLOPs) to for each op that does arithmetic."""
     counter = FlopCounterMode(display=False)
-    ops = _OpCounter(counter.flop_registry)
+    ops = _OpCounter(counter.flop_registry, timeline)
     with counter, ops:
         _, nbytes = _io_bytes(case, fn)
     parts = {"matmul": float(counter.get_total_flops()), **{k: float(v) for k, v in ops.parts.items()}}

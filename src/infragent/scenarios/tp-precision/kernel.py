@@ -37,6 +37,6 @@ def inputs(trial: int, gen: torch.Generator) -> Case:
 
 
 def shard_inputs(trial: int, gen: torch.Generator) -> Case:
-    """What one TP=2 rank multiplies: 128 tokens, K 1024, half the output width."""
-    return Case((torch.randn(128, 1024, generator=gen), torch.randn(1024, N // 2, generator=gen)),
-                label=f"128x1024x{N // 2} (one TP=2 shard)", reduction=1024)
+    """What one TP=2 rank multiplies: 32 tokens, K 1024, half the output width."""
+    return Case((torch.randn(32, 1024, generator=gen), torch.randn(1024, N // 2, generator=gen)),
+                label=f"32x1024x{N // 2} (one TP=2 shard)", reduction=1024)

@@ -1,0 +1,110 @@
+"""The gates one kernel proposal passes, run in a child process (its own timeout and memory limit):
+check against the reference → bench against the baseline (and the reference, when a criterion asks) →
+every kernel criterion judged. The reference, the inputs and the baseline come from the baseline's copy of
+the code, so a patch cannot move the goalposts; only the candidate comes from the proposal's folder.
+
+    python -m infragent.agent.kernel_gates SPEC --root DIR --baseline-root DIR --knobs JSON
+        --baseline-knobs JSON --out RESULT.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from infragent.agent.kernel_target import load_kernel_target
+from infragent.lab.criteria import Judgement
+from infragent.lab.spec import Criterion, Spec, load_spec
+from infragent.probes.bench import run_bench
+from infragent.probes.check import run_check
+from infragent.probes.feedback import Feedback
+
+BENCH_BUDGET_S = 3.0
+
+
+def run_gates(spec: Spec, root: Path, baseline_root: Path, knobs: dict, baseline_knobs: dict) -> dict[str, Any]:
+    """The gates in order, stopping at the first that fails; feedback per gate, judgements, objective."""
+    base = load_kernel_target(spec.target, baseline_root, baseline_knobs)
+    cand = load_kernel_target(spec.target, root, knobs)
+    candidate = cand.bind(knobs)
+    feedback: dict[str, Feedback] = {}
+
+    def gate(name: str, probe: Callable[[], Feedback]) -> Feedback:
+        started = time.monotonic()
+        feedback[name] = probe()
+        feedback[name].details["cost_s"] = round(time.monotonic() - started, 2)
+        return feedback[name]
+
+    if gate("check", lambda: run_check(candidate, base.reference, base.inputs, spec.target.partition, trials=12,
+                                       rtol=spec.target.rtol)).verdict == "pass":
+        gate("bench", lambda: run_bench(candidate, base.bind(baseline_knobs), base.bench_inputs,
+                                        budget_s=BENCH_BUDGET_S, names=("candidate", "baseline")))
+        if any(c.metric == "reference_time_ratio" for c in spec.criteria):
+            gate("bench_reference", lambda: run_bench(candidate, base.reference, base.bench_inputs,
+                                                      budget_s=BENCH_BUDGET_S, names=("candidate", "reference")))
+    judgements = [judge_kernel(c, feedback) for c in spec.criteria]
+    ratio = feedback["bench"].numbers["ratio"].value if "bench" in feedback else None
+    return {"feedback": {name: fb.to_dict() for name, fb in feedback.items()},
+            "judgements": [asdict(j) for j in judgements],
+            "objective": 1.0 / ratio if ratio else None,  # speedup over the baseline: higher is better
+            "feasible": feedback["check"].verdict == "pass" and all(j.verdict == "pass" for j in judgements)}
+
+
+def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgement:
+    """One kernel criterion from the gates' numbers: an error bound, or a time ratio's CI against its limit."""
+    limit = criterion.max if criterion.max is not None else criterion.min
+    if criterion.metric == "rel_error":
+        numbers = feedback["check"].numbers
+        value = max(numbers[k].value for k in ("max_rel_err", "max_rel_err_partitioned") if k in numbers
+                    and not math.isnan(numbers[k].value))
+        lo = hi = value
+    else:
+        bench = feedback.get("bench" if criterion.metric == "time_ratio" else "bench_reference")
+        if bench is None:
+            return Judgement("", criterion.metric, "kernel", "all", "inconclusive", math.nan, (math.nan, math.nan),
+                             message=f"{criterion.metric}: not measured (the check failed first)")
+        m = bench.numbers["ratio"]
+        value, lo, hi = m.value, m.ci_low, m.ci_high
+    upper = criterion.max is not None
+    if (hi <= limit) if upper else (lo >= limit):
+        verdict = "pass"
+    elif (lo > limit) if upper else (hi < limit):
+        verdict = "fail"
+    else:
+        verdict = "inconclusive"
+    rule = f"<= {limit:g}" if upper else f">= {limit:g}"
+    message = f"{criterion.metric} {value:.4g} [{lo:.4g}, {hi:.4g}] {rule}: {verdict}"
+    return Judgement("", criterion.metric, "kernel", "all", verdict, value, (lo, hi), message=message)
+
+
+def gates_argv(spec_path: Path, root: Path, baseline_root: Path, knobs: dict, baseline_knobs: dict,
+               out: Path) -> list[str]:
+    """The child's command line."""
+    import sys
+
+    return [sys.executable, "-m", "infragent.agent.kernel_gates", str(spec_path), "--root", str(root),
+            "--baseline-root", str(baseline_root), "--knobs", json.dumps(knobs),
+            "--baseline-knobs", json.dumps(baseline_knobs), "--out", str(out)]
+
+
+def main() -> None:
+    """Run the gates and write the result JSON."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("spec")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--baseline-root", required=True)
+    parser.add_argument("--knobs", default="{}")
+    parser.add_argument("--baseline-knobs", default="{}")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    result = run_gates(load_spec(args.spec), Path(args.root), Path(args.baseline_root), json.loads(args.knobs),
+                       json.loads(args.baseline_knobs))
+    Path(args.out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

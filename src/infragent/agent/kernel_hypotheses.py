@@ -1,0 +1,149 @@
+"""From a kernel target's ladder to hypotheses: a precision gap under partitioning, work redone per tile,
+a thread starved of the GIL, and the distance to the reference. Every number a claim cites is named by its
+ledger key and its path inside that record's Feedback ("ladder/check:numbers/max_rel_err/value"), so a
+reader (or a test) can find it there.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from infragent.agent.hypotheses import Hypothesis
+from infragent.lab.spec import Knob
+from infragent.probes.precision import likely_precision
+
+Record = dict[str, Any]  # a Feedback as the ledger keeps it
+
+
+def _number(record: Record, name: str) -> float | None:
+    m = record.get("numbers", {}).get(name)
+    return None if m is None or m.get("value") is None else float(m["value"])
+
+
+def _knobs_for(tags: list[str], knobs: dict[str, Knob]) -> list[str]:
+    return [n for n, k in knobs.items() if set(k.touches) & set(tags)]
+
+
+def from_ladder(results: dict[str, Record], knobs: dict[str, Knob]) -> list[Hypothesis]:
+    """Hypotheses from the ladder's records (keyed ladder/check, ladder/roofline, ladder/trace, ...)."""
+    found = []
+    for make in (_precision_gap, _redone_work, _gil_starvation, _reference_gap):
+        h = make(results, knobs)
+        if h is not None:
+            found.append(h)
+    return found
+
+
+def _precision_gap(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothesis | None:
+    check = results.get("ladder/check")
+    if not check or check["verdict"] != "fail":
+        return None
+    where = check.get("locality", {})
+    partitioned = _number(check, "max_rel_err_partitioned")
+    whole = _number(check, "max_rel_err")
+    if "partition" in where and partitioned is not None and whole is not None and partitioned > whole:
+        shards = where.get("shards") or [where.get("shard")]
+        precision = likely_precision(partitioned)
+        tags = ["precision", "partition"]
+        return Hypothesis(
+            claim=f"shard{'s' if len(shards) > 1 else ''} {', '.join(map(str, shards))} of {where['partition']} "
+                  f"compute with {precision}: max rel err {partitioned:.1e} partitioned vs {whole:.1e} unpartitioned",
+            spans=tags, knobs=_knobs_for(tags, knobs), probe="check",
+            predicted=f"a precision that recovers FP32 accuracy brings the partitioned error near {whole:.1e}",
+            evidence=[check["finding"]],
+            cites={"ladder/check:numbers/max_rel_err_partitioned/value": partitioned,
+                   "ladder/check:numbers/max_rel_err/value": whole})
+    tags = ["correctness"]
+    return Hypothesis(claim=f"the candidate is wrong: {check['finding']}", spans=tags, knobs=_knobs_for(tags, knobs),
+                      probe="check", predicted="a fix makes check pass", evidence=[check["finding"]])
+
+
+def _redone_work(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothesis | None:
+    roof, trace = results.get("ladder/roofline"), results.get("ladder/trace")
+    redundant = _number(roof, "redundant_flop_fraction") if roof else None
+    if redundant is None or redundant < 0.05:
+        return None
+    cites = {"ladder/roofline:numbers/redundant_flop_fraction/value": redundant}
+    parts, spans = [f"{redundant:.1%} of FLOPs are redundant against the reference"], []
+    factor = _number(roof, "recompute_factor")
+    if factor is not None:
+        share = _number(roof, "recomputed_flop_fraction") or 0.0
+        ops = [r["op"] for r in roof["details"].get("extra_work", []) if r["kind"] == "recomputed"]
+        parts.append(f"ops recomputed {factor:g}x the reference's work: {', '.join(ops[:6])} ({share:.1%} of FLOPs)")
+        cites["ladder/roofline:numbers/recompute_factor/value"] = factor
+        cites["ladder/roofline:numbers/recomputed_flop_fraction/value"] = share
+    inflated = [r for r in roof["details"].get("extra_work", []) if r["kind"] == "inflated"]
+    if inflated:
+        parts.append("padded or oversized work: " + ", ".join(f"{r['op']} {r['repeat']:.2f}x" for r in inflated[:3]))
+    details = (trace or {}).get("details", {})
+    redone = [r for r in details.get("repeats", []) if r["name"] in details.get("redone", [])]
+    if redone:
+        kinds = {r["op"]: r["kind"] for r in roof["details"].get("extra_work", [])}
+        by_kind = {name: span_kind(details.get("span_ops", {}).get(name, {}), kinds) for name in
+                   (r["name"] for r in redone)}
+        parent, per_call = redone[0]["parent"], redone[0]["per_call"]
+        again = [n for n, k in by_kind.items() if k == "recomputed"]
+        bigger = [n for n, k in by_kind.items() if k == "inflated"]
+        if again:
+            parts.insert(0, f"the FP32 work in {', '.join(again)} is redone in every {parent}: {per_call:g}x per call "
+                            "where once would do")
+        if bigger:
+            parts.insert(len(again) > 0, f"{', '.join(bigger)} does more FLOPs than the reference's (padded)")
+        spans = list(by_kind) + [parent]
+        for r in redone:
+            cites[f"ladder/trace:numbers/{r['name']}.per_call/value"] = r["per_call"]
+    spans = spans or ["redundant-flops"]
+    return Hypothesis(
+        claim="; ".join(parts), spans=spans, knobs=_knobs_for(spans + ["redundant-flops"], knobs), probe="roofline",
+        predicted=f"removing the redundant work saves up to {redundant:.0%} of FLOPs (more in time when the repeated "
+                  "ops are small and dispatch-bound)",
+        evidence=[roof["finding"]] + ([trace["finding"]] if trace else []), cites=cites)
+
+
+def _gil_starvation(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothesis | None:
+    trace, gil = results.get("ladder/trace"), results.get("ladder/gil")
+    never = (trace or {}).get("details", {}).get("never_overlapping", [])
+    starving = (gil or {}).get("locality", {})
+    if not never and "thread" not in starving:
+        return None
+    parts, cites, spans = [], {}, []
+    if "thread" in starving:
+        thread, span = starving["thread"], starving["span"]
+        waited = _number(gil, f"{thread}.waited")
+        parts.append(f"thread {thread} is starved of the GIL: waited {waited:.0f}% of its span time in {span}"
+                     + (f" while {starving['holder']} held it in {starving['holder_span']}" if "holder" in starving else ""))
+        cites[f"ladder/gil:numbers/{thread}.waited/value"] = waited
+        spans += [span, starving.get("holder_span", "")]
+    if never:
+        pair = never[0]
+        executing = pair.get("executing_share_of_a")
+        parts.append(f"{pair['a']} and {pair['b']} never overlap"
+                     + (f" ({executing:.1%} of the waiting side's time ran alongside)" if executing is not None else ""))
+        if executing is not None:
+            cites["ladder/trace:details/never_overlapping/0/executing_share_of_a"] = executing
+        spans += [pair["a"].split(" @ ")[0], pair["b"].split(" @ ")[0]]
+    spans = [s for s in dict.fromkeys(spans) if s] + ["gil"]
+    return Hypothesis(claim="; ".join(parts), spans=spans, knobs=_knobs_for(spans, knobs), probe="gil",
+                      predicted="releasing the GIL in the native call lets the starved thread overlap it",
+                      evidence=[r["finding"] for r in (trace, gil) if r], cites=cites)
+
+
+def _reference_gap(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothesis | None:
+    bench = results.get("ladder/bench_reference")
+    ratio = _number(bench, "ratio") if bench else None
+    if ratio is None or ratio <= 1.0 or bench["verdict"] != "fail":
+        return None
+    return Hypothesis(claim=f"the candidate takes {ratio:.3g}x the reference's time", spans=["time"],
+                      knobs=[], probe="bench", predicted=f"at most {1 - 1 / ratio:.0%} less time by matching the "
+                      "reference's work", evidence=[bench["finding"]],
+                      cites={"ladder/bench_reference:numbers/ratio/value": ratio})
+
+
+def span_kind(ops: dict[str, list[float]], kinds: dict[str, str]) -> str:
+    """recomputed | inflated | needed: where most of a span's FLOPs fall by the roofline's per-op verdicts."""
+    total = sum(flops for _, flops in ops.values())
+    if total <= 0:
+        return "needed"
+    share = {kind: sum(flops for op, (_, flops) in ops.items() if kinds.get(op) in group) / total
+             for kind, group in (("recomputed", ("recomputed", "not in the reference")), ("inflated", ("inflated",)))}
+    kind = max(share, key=share.get)
+    return kind if share[kind] >= 0.5 else "needed"
