@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from infragent.lab.environment import capture
-from infragent.lab.ledger import Ledger, LedgerError
+from infragent.lab.ledger import SCHEMA, Ledger, LedgerError
 from server_fixture import tiny_target_toml
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -105,7 +105,7 @@ def test_kill_9_mid_run_then_resume_loses_nothing(tmp_path):
     resumed = subprocess.run(_cli("measure", str(spec), "--ledger", str(ledger), "--resume", "1", cwd=tmp_path),
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"stopped the target process group {orphan}" in resumed.stderr
+    assert f"stopped the process group {orphan} (target_pgid)" in resumed.stderr
     after = _probe_rows(ledger)
     assert after[:len(before)] == before  # nothing recorded before the crash was lost or redone
     keys = [key for _, key, _ in after]
@@ -116,3 +116,16 @@ def test_kill_9_mid_run_then_resume_loses_nothing(tmp_path):
     shown = subprocess.run(_cli("show", "1", "--ledger", str(ledger), cwd=tmp_path), cwd=tmp_path, env=env,
                            capture_output=True, text=True)
     assert "criterion/0" in shown.stdout and "PASS" in shown.stdout
+
+
+def test_a_ledger_from_before_candidate_tracking_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA.replace(", candidate_pgid INTEGER", ""))
+    db.execute("INSERT INTO runs (kind, status, created, updated) VALUES ('optimize', 'running', 0, 0)")
+    db.commit()
+    db.close()
+    ledger = Ledger(path)
+    assert ledger.run(1)["candidate_pgid"] is None and ledger.run(1)["kind"] == "optimize"
+    ledger.set_run(1, candidate_pgid=4242)
+    assert ledger.run(1)["candidate_pgid"] == 4242

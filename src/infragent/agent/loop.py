@@ -182,6 +182,7 @@ def _trial(spec: Spec, key: str, knobs: dict, base_url: str, ledger: Ledger, run
                               "feasible": False}
     try:
         with TargetProcess(spec.target, knobs, logs / f"run-{run_id}-{key.replace('/', '-')}.log") as cand:
+            ledger.set_run(run_id, candidate_pgid=cand.pgid)  # a kill -9 of the loop leaves it; resume stops it
             started = time.monotonic()
             if record(f"{key}/check", check_outputs(base_url, cand.base_url), experiment, started)["verdict"] != "pass":
                 return _store(record, key, result, experiment, "failed the correctness check")
@@ -203,6 +204,8 @@ def _trial(spec: Spec, key: str, knobs: dict, base_url: str, ledger: Ledger, run
             return _store(record, key, result, experiment, "measured end to end")
     except TargetError as err:
         return _store(record, key, result, experiment, f"target did not start: {str(err)[:300]}")
+    finally:
+        ledger.set_run(run_id, candidate_pgid=None)
 
 
 def _store(record: Callable, key: str, result: dict, experiment: int, why: str) -> dict:

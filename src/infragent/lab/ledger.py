@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS environments (
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, kind TEXT NOT NULL, spec_path TEXT, spec_hash TEXT, status TEXT NOT NULL,
     environment_id INTEGER REFERENCES environments(id), target_pgid INTEGER, created REAL NOT NULL,
-    updated REAL NOT NULL, note TEXT);
+    updated REAL NOT NULL, note TEXT, candidate_pgid INTEGER);
 CREATE TABLE IF NOT EXISTS experiments (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), name TEXT NOT NULL,
     knobs TEXT NOT NULL, created REAL NOT NULL, UNIQUE (run_id, name));
@@ -50,6 +50,9 @@ class Ledger:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")  # a committed probe survives power loss, not just kill -9
             self.db.executescript(SCHEMA)
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
+            if "candidate_pgid" not in columns:  # a ledger from before candidates were tracked
+                self.db.execute("ALTER TABLE runs ADD COLUMN candidate_pgid INTEGER")
         except sqlite3.DatabaseError as err:
             raise LedgerError(f"{self.path}: not a usable ledger ({err})") from None
         self.artifact_root = self.path.parent / "artifacts"
@@ -84,7 +87,7 @@ class Ledger:
         return dict(zip([c[0] for c in self.db.execute("SELECT * FROM runs LIMIT 0").description], row))
 
     def set_run(self, run_id: int, **fields: Any) -> None:
-        """Update status, target_pgid or note."""
+        """Update status, target_pgid, candidate_pgid or note."""
         names = ", ".join(f"{k} = ?" for k in fields)
         self._write(f"UPDATE runs SET {names}, updated = ? WHERE id = ?", (*fields.values(), time.time(), run_id))
 

@@ -40,8 +40,8 @@ def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat:
 
 def open_run(ledger: Ledger, kind: str, spec_path: str | Path, resume: int | None,
              log: Callable[[str], None]) -> int:
-    """A new run in the ledger, or the interrupted one to resume: same spec (by hash) required, and a target
-    process group the crashed run left behind is stopped first."""
+    """A new run in the ledger, or the interrupted one to resume: same spec (by hash) required, and the target
+    and candidate process groups the crashed run left behind are stopped first."""
     spec_hash = hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
     if resume is None:
         return ledger.start_run(kind, str(spec_path), spec_hash, ledger.environment(environment.capture()))
@@ -49,8 +49,9 @@ def open_run(ledger: Ledger, kind: str, spec_path: str | Path, resume: int | Non
     if row["spec_hash"] != spec_hash:
         raise ValueError(f"run {resume} was made from a different spec (hash {row['spec_hash'][:12]}); "
                          "resume it with the same file")
-    if row["target_pgid"] and stop_group(row["target_pgid"], grace_s=5):
-        log(f"stopped the target process group {row['target_pgid']} left by the interrupted run")
+    for column in ("target_pgid", "candidate_pgid"):
+        if row.get(column) and stop_group(row[column], grace_s=5):
+            log(f"stopped the process group {row[column]} ({column}) left by the interrupted run")
     ledger.set_run(resume, status="running")
     return resume
 
