@@ -139,3 +139,15 @@ def test_command_proposer_patch_goes_through_the_gates(tmp_path: Path) -> None:
     assert '+        return matmul(x, w, "bf16x3")' in trial["patch"]
     assert fingerprint(pack) == before
     assert load_spec(pack / "spec.toml").target.kind == "kernel"
+
+
+def test_search_over_a_finite_knob_skips_the_baseline_and_stops_when_every_value_is_measured(tmp_path: Path) -> None:
+    pack = pack_copy("kda-decode-padding", tmp_path)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    outcome = optimize_kernel(pack / "spec.toml", ledger, Budget(probes=40, minutes=10), log=lambda line: None)
+    tiles = sorted(t["knobs"]["v_tile"] for t in outcome.trials)
+    assert tiles == [16, 64, 128]  # 32 is the baseline: never measured against itself
+    assert all(t["status"] == "measured" for t in outcome.trials)
+    assert "every combination of the searched knobs was measured" in outcome.limits
+    keys = [r["key"] for r in ledger.probe_results(outcome.run_id)]
+    assert [k for k in keys if k.endswith("/outcome")] == ["trial/0/outcome", "trial/1/outcome", "trial/2/outcome"]

@@ -66,25 +66,21 @@ def optimize_kernel(spec_path: str | Path, ledger: Ledger, budget: Budget, propo
         replay = _replay(done, key)
         if replay is None and out_of_budget(clock, outcome):
             break
-        context = _context(spec, spec_path, hypotheses, done, outcome.trials)
         if search is not None:
             number, knobs = search.propose() if replay is None else _enqueue(search, replay["knobs"])
-            seen = next((t for t in outcome.trials if t["knobs"] == knobs), None) if replay is None else None
-            if seen is not None:  # a point already measured: tell the sampler again, spend nothing
-                tell(search, number, seen)
-                fresh = search.unmeasured([t["knobs"] for t in outcome.trials])
+            if replay is None and _known_point(search, number, knobs, outcome.trials, baseline_knobs):
                 repeats += 1
-                if fresh is None and repeats > MAX_REPEATS or fresh is None and search.finite:
-                    outcome.limits.append("every combination of the searched knobs was measured" if search.finite
+                exhausted = search.finite and search.unmeasured(_measured(outcome.trials, baseline_knobs)) is None
+                if exhausted or repeats > MAX_REPEATS:
+                    outcome.limits.append("every combination of the searched knobs was measured" if exhausted
                                           else f"the search proposed measured points {repeats} times in a row")
                     break
-                if fresh is not None:
-                    search.start_from(fresh)
                 continue
             repeats = 0
             result = replay or _knob_trial(spec_path, key, knobs, baseline_knobs, ledger, run_id, record, trial, log)
             tell(search, number, result)
         else:
+            context = _context(spec, spec_path, hypotheses, done, outcome.trials)
             result = replay or _code_trial(spec, spec_path, key, baseline_knobs, proposer, context, ledger, run_id,
                                            record, trial, log)
             failures = failures + 1 if result["why"].startswith(("no patch", "workspace")) else 0
@@ -230,3 +226,20 @@ def _context(spec: Spec, spec_path: Path, hypotheses: list[Hypothesis], done: di
             "previous_trials": [{k: t.get(k) for k in ("trial", "status", "why", "objective", "feasible")}
                                 for t in trials]}
 
+
+
+def _measured(trials: list[dict], baseline_knobs: dict) -> list[dict]:
+    return [t["knobs"] for t in trials] + [baseline_knobs]
+
+
+def _known_point(search: SearchProposer, number: int, knobs: dict, trials: list[dict], baseline_knobs: dict) -> bool:
+    """The baseline or an already measured point: told to the sampler again (nothing spent) and, in a finite
+    space, the next unmeasured point queued in its place. False for a new point."""
+    seen = next((t for t in trials if t["knobs"] == knobs), None)
+    if seen is None and knobs != baseline_knobs:
+        return False
+    tell(search, number, seen or {"status": "baseline"})
+    fresh = search.unmeasured(_measured(trials, baseline_knobs))
+    if fresh is not None:
+        search.start_from(fresh)
+    return True
