@@ -151,3 +151,22 @@ def test_search_over_a_finite_knob_skips_the_baseline_and_stops_when_every_value
     assert "every combination of the searched knobs was measured" in outcome.limits
     keys = [r["key"] for r in ledger.probe_results(outcome.run_id)]
     assert [k for k in keys if k.endswith("/outcome")] == ["trial/0/outcome", "trial/1/outcome", "trial/2/outcome"]
+
+
+def test_gates_reject_a_candidate_that_raises_or_does_not_import(tmp_path: Path) -> None:
+    from infragent.agent.kernel_gates import run_gates
+    from infragent.agent.kernel_loop import _run_gates
+
+    base = pack_copy("tp-precision", tmp_path / "base")
+    broken = pack_copy("tp-precision", tmp_path / "broken")
+    kernel = broken / "kernel.py"
+    kernel.write_text(kernel.read_text().replace("    if w.shape[1] <= TENSOR_CORE_MAX_N:",
+                                                 "    raise RuntimeError('kernel launch failed')\n    if w.shape[1] <= 0:"))
+    spec = load_spec(base / "spec.toml")
+    result = run_gates(spec, broken, base, {"precision": "bf16x3"}, {"precision": "bf16"})
+    assert result["feedback"]["check"]["verdict"] == "fail" and "kernel launch failed" in result["feedback"]["check"]["finding"]
+    assert not result["feasible"] and all(j["verdict"] != "pass" for j in result["judgements"])
+    kernel.write_text("def linear(:\n")
+    child = _run_gates(base / "spec.toml", broken, {"precision": "bf16x3"}, {"precision": "bf16"}, tmp_path / "g.json")
+    finding = child["feedback"]["check"]["finding"]
+    assert child["feasible"] is False and "did not finish" in finding and "SyntaxError" in finding

@@ -59,8 +59,11 @@ def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgeme
     limit = criterion.max if criterion.max is not None else criterion.min
     if criterion.metric == "rel_error":
         numbers = feedback["check"].numbers
-        value = max(numbers[k].value for k in ("max_rel_err", "max_rel_err_partitioned") if k in numbers
-                    and not math.isnan(numbers[k].value))
+        value = max((numbers[k].value for k in ("max_rel_err", "max_rel_err_partitioned") if k in numbers
+                     and not math.isnan(numbers[k].value)), default=math.nan)
+        if math.isnan(value):
+            return Judgement("", criterion.metric, "kernel", "all", "fail", value, (value, value),
+                             message=f"rel_error: nothing compared ({feedback['check'].finding[:200]})")
         lo = hi = value
     else:
         bench = feedback.get("bench" if criterion.metric == "time_ratio" else "bench_reference")
