@@ -52,6 +52,7 @@ def run_ladder(name: str, tmp_path: Path) -> tuple[Ledger, int, list]:
     ("tp-precision", ["shards 0, 1 of column:2", "bf16 operands"]),
     ("kda-decode-padding", ["the FP32 work in", "kda.qk_norm", "kda.gate", "is redone in every kda.v_tile: 4x per call",
                             "kda.state does more FLOPs than the reference's (padded)"]),
+    ("kv-transfer-gil", ["thread kv-transfer is starved of the GIL", "never overlap", "gemm @ MainThread"]),
 ])
 def test_the_ladder_names_the_true_cause_within_five_probes(pack: str, words: list[str], tmp_path: Path) -> None:
     ledger, run_id, hypotheses = run_ladder(pack, tmp_path)
