@@ -84,8 +84,10 @@ def _redone_work(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothes
         again = [n for n, k in by_kind.items() if k == "recomputed"]
         bigger = [n for n, k in by_kind.items() if k == "inflated"]
         if again:
-            parts.insert(0, f"the FP32 work in {', '.join(again)} is redone in every {parent}: {per_call:g}x per call "
-                            "where once would do")
+            dtypes = {row[2] for name in again for row in details.get("span_ops", {}).get(name, {}).values()}
+            precision = "FP32 " if dtypes == {"float32"} else ""
+            parts.insert(0, f"the {precision}work in {', '.join(again)} is redone in every {parent}: {per_call:g}x per "
+                            "call where once would do")
         if bigger:
             parts.insert(len(again) > 0, f"{', '.join(bigger)} does more FLOPs than the reference's (padded)")
         spans = list(by_kind) + [parent]
@@ -138,12 +140,12 @@ def _reference_gap(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypoth
                       cites={"ladder/bench_reference:numbers/ratio/value": ratio})
 
 
-def span_kind(ops: dict[str, list[float]], kinds: dict[str, str]) -> str:
+def span_kind(ops: dict[str, list[Any]], kinds: dict[str, str]) -> str:
     """recomputed | inflated | needed: where most of a span's FLOPs fall by the roofline's per-op verdicts."""
-    total = sum(flops for _, flops in ops.values())
+    total = sum(row[1] for row in ops.values())
     if total <= 0:
         return "needed"
-    share = {kind: sum(flops for op, (_, flops) in ops.items() if kinds.get(op) in group) / total
+    share = {kind: sum(row[1] for op, row in ops.items() if kinds.get(op) in group) / total
              for kind, group in (("recomputed", ("recomputed", "not in the reference")), ("inflated", ("inflated",)))}
     kind = max(share, key=share.get)
     return kind if share[kind] >= 0.5 else "needed"

@@ -131,7 +131,7 @@ class _OpCounter(TorchDispatchMode):
     def __init__(self, matmul_registry: dict[Any, Any], timeline: list | None = None) -> None:
         super().__init__()
         self.registry = matmul_registry
-        self.timeline = timeline  # when a list: (perf_counter_ns, op name, FLOPs) per op, for span attribution
+        self.timeline = timeline  # when a list: (perf_counter_ns, op, FLOPs, output dtype) per op, for spans
         self.parts: Counter[str] = Counter()
         self.uncounted: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
@@ -152,27 +152,33 @@ class _OpCounter(TorchDispatchMode):
         sibling = getattr(torch.ops.aten, name, None)
         if packet in self.registry:
             if self.timeline is not None:  # FlopCounterMode counts it; the timeline needs it per call
-                self.timeline.append((time.perf_counter_ns(), name, self.registry[packet](*args, **kwargs, out_val=out)))
+                self.timeline.append((time.perf_counter_ns(), name, self.registry[packet](*args, **kwargs, out_val=out),
+                                      _dtype(out)))
             return out
         elif sibling is not None and sibling in self.registry:  # e.g. baddbmm_: FlopCounterMode misses in-place
-            self._add("matmul_inplace", name, self.registry[sibling](*args, **kwargs, out_val=out))
+            self._add("matmul_inplace", name, self.registry[sibling](*args, **kwargs, out_val=out), out)
         elif name in _DATA_MOVEMENT:
             pass
         elif torch.Tag.pointwise in func.tags:
             outs = tensors_of(out)
-            self._add("pointwise", name, outs[0].numel() if outs else 0)
+            self._add("pointwise", name, outs[0].numel() if outs else 0, out)
         elif torch.Tag.reduction in func.tags:
             ins = tensors_of(args)
-            self._add("reduction", name, max((t.numel() for t in ins), default=0))
+            self._add("reduction", name, max((t.numel() for t in ins), default=0), out)
         else:
             self.uncounted[str(func)] += 1
         return out
 
-    def _add(self, part: str, name: str, flops: int) -> None:
+    def _add(self, part: str, name: str, flops: int, out: Any = None) -> None:
         self.parts[part] += flops
         self.op_flops[name] += flops
         if self.timeline is not None:
-            self.timeline.append((time.perf_counter_ns(), name, flops))
+            self.timeline.append((time.perf_counter_ns(), name, flops, _dtype(out)))
+
+
+def _dtype(out: Any) -> str:
+    outs = tensors_of(out)
+    return str(outs[0].dtype).removeprefix("torch.") if outs else ""
 
 
 def _io_bytes(case: Case, fn: Callable[..., Any]) -> tuple[Any, float]:
@@ -204,7 +210,7 @@ def _io_bytes(case: Case, fn: Callable[..., Any]) -> tuple[Any, float]:
 def count_work(fn: Callable[..., Any], case: Case, timeline: list | None = None) -> WorkCount:
     """Run fn on case once and count: FlopCounterMode for matmul-like ops, the rules above for the rest.
 
-    timeline: a list to append (perf_counter_ns, op, FLOPs) to for each op that does arithmetic."""
+    timeline: a list to append (perf_counter_ns, op, FLOPs, output dtype) to for each op that does arithmetic."""
     counter = FlopCounterMode(display=False)
     ops = _OpCounter(counter.flop_registry, timeline)
     with counter, ops:
