@@ -8,7 +8,7 @@ E2EL loadgen reports against a server that answers at once (the mock's own cost 
 an upper bound on loadgen's). vLLM's bench client is run side by side when `vllm` is importable.
 
 Each run also records how long the process waited for its core (run-queue delay from
-/proc/thread-self/schedstat, and the machine's steal time from /proc/stat): a run that waited more than
+/proc/thread-self/schedstat, and the steal time of its core from /proc/stat): a run that waited more than
 STALLED_SHARE of its duration measured the machine, not loadgen, and is flagged the way `bench` flags
 contention. p99 is reported pooled over every run and over the runs that were not stalled.
 """
@@ -32,11 +32,12 @@ STALLED_SHARE = 0.005  # waited for the core more than 0.5% of the run: enough s
 
 
 def waited_ns() -> tuple[int, int]:
-    """(this thread's run-queue delay, the machine's steal time) in ns so far."""
+    """(this thread's run-queue delay, the steal time of the core it is pinned to) in ns so far."""
     with open("/proc/thread-self/schedstat") as f:
         run_delay = int(f.read().split()[1])
+    cpu = f"cpu{min(os.sched_getaffinity(0))} "
     with open("/proc/stat") as f:
-        fields = f.readline().split()
+        fields = next((line for line in f if line.startswith(cpu)), "").split()
     steal = int(fields[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0
     return run_delay, steal
 
