@@ -66,6 +66,8 @@ def test_a_valid_spec_loads(tmp_path):
     (("[target]", "[target"), "spec.toml:1: malformed TOML"),
     (("min = 50", "min = 50\nmax = 60"), "spec.toml:27: criteria.1: give exactly one of max, min"),
     (("domain = [8, 16, 32]", "domain = [8]"), "spec.toml:12: knobs.block_size.domain: a choice knob needs"),
+    (("metric = \"output_tok_s\"\nmin = 50", "metric = \"perplexity_increase\"\nmax_regression = 0.01"),
+     "criteria.1.max_regression: perplexity_increase is already relative to an fp32 copy of the engine"),
 ])
 def test_spec_errors_are_one_located_line(tmp_path, change, expected):
     path = _write(tmp_path, SPEC.replace(*change))
@@ -73,6 +75,25 @@ def test_spec_errors_are_one_located_line(tmp_path, change, expected):
         load_spec(path)
     message = str(err.value)
     assert "\n" not in message and message.startswith(str(path.parent) + "/") and expected in message, message
+
+
+def test_quality_gates_are_criteria_judged_on_their_interval(tmp_path):
+    from infragent.lab.criteria import judge_interval
+
+    text = SPEC + '\n[[criteria]]\nmetric = "perplexity_increase"\nmax = 0.01\n\n[[criteria]]\n' \
+                  'metric = "greedy_agreement"\nmin = 0.8\n'
+    spec = load_spec(_write(tmp_path, text))
+    ppl, agree = spec.criteria[2:]
+    assert ppl.phase == "quality" and agree.higher_is_better and ppl.scenario == ""
+    assert judge_interval(ppl, 0.004, -0.001, 0.008, "quality").verdict == "pass"
+    assert judge_interval(ppl, 0.02, 0.012, 0.03, "quality").verdict == "fail"
+    assert judge_interval(ppl, 0.009, 0.002, 0.015, "quality").verdict == "inconclusive"
+    assert judge_interval(agree, 0.7, 0.6, 0.78, "quality").verdict == "fail"
+    command = text.replace('kind = "engine"\nmodel = "llama"',
+                           'kind = "command"\ncommand = "vllm serve m"\nready_url = "u"\nbase_url = "u"')
+    command = command.split("[knobs.max_num_seqs]")[0] + "[[scenarios]]" + command.split("[[scenarios]]", 1)[1]
+    with pytest.raises(SpecError, match="perplexity_increase is a quality gate; it runs the engine in-process"):
+        load_spec(_write(tmp_path, command))
 
 
 def test_optimize_dry_run_prints_the_plan_or_one_error_line(tmp_path):

@@ -15,6 +15,24 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+# quantization flags shared by generate, serve and quality (vLLM's names)
+KV_CACHE_DTYPE = typer.Option("auto", "--kv-cache-dtype", help="KV storage of every attention layer: auto (the "
+                              "model dtype), fp32, bf16, fp8 (e4m3) or int8; fp8/int8 keep a scale per block and head.")
+KV_CACHE_DTYPES = typer.Option(None, "--kv-cache-dtypes", help="One KV dtype per attention layer, comma-separated "
+                               "(overrides --kv-cache-dtype), e.g. int8,int8,bf16.")
+QUANTIZATION = typer.Option(None, "--quantization", help="w8a8 (int8 weights and activations) or int8-weight.")
+SMOOTHQUANT_ALPHA = typer.Option(None, "--smoothquant-alpha", help="w8a8: SmoothQuant migration strength "
+                                 "(0-1, e.g. 0.5), calibrated on held-out text at start-up.")
+
+
+def _quant_knobs(kv_cache_dtype: str, kv_cache_dtypes: Optional[str], quantization: Optional[str],
+                 smoothquant_alpha: Optional[float]) -> dict:
+    """EngineConfig fields from the quantization flags."""
+    return {"kv_cache_dtype": kv_cache_dtype,
+            "kv_cache_dtypes": kv_cache_dtypes.split(",") if kv_cache_dtypes else None,
+            "quantization": quantization, "smoothquant_alpha": smoothquant_alpha}
+
+
 @app.command()
 def generate(
     prompts: List[str] = typer.Argument(..., help="One or more prompts."),
@@ -31,6 +49,10 @@ def generate(
     block_size: int = typer.Option(16, "--block-size"),
     dtype: str = typer.Option("float32"),
     threads: Optional[int] = typer.Option(None, "--threads"),
+    kv_cache_dtype: str = KV_CACHE_DTYPE,
+    kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
+    quantization: Optional[str] = QUANTIZATION,
+    smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
 ) -> None:
     """Print the completion of each prompt (one per line block); errors go to stderr with exit status 2."""
     from infragent.engine.config import ConfigError
@@ -42,7 +64,8 @@ def generate(
     try:
         params.validate()
         llm = LLM(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  block_size=block_size, dtype=dtype, num_threads=threads)
+                  block_size=block_size, dtype=dtype, num_threads=threads,
+                  **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha))
         if chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
         else:
@@ -179,6 +202,36 @@ def analyze(
 
 
 @app.command()
+def quality(
+    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
+    kv_cache_dtype: str = KV_CACHE_DTYPE,
+    kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
+    quantization: Optional[str] = QUANTIZATION,
+    smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
+    windows: int = typer.Option(32, "--windows", help="Held-out text windows for perplexity and KL."),
+    window: int = typer.Option(256, "--window", help="Tokens per window."),
+    prompts: int = typer.Option(64, "--prompts", help="Prompts for greedy agreement."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Quality gates of a quantized configuration vs fp32: perplexity, KL divergence, greedy agreement."""
+    from infragent.engine.config import ConfigError, EngineConfig
+    from infragent.engine.llm_engine import LLMEngine
+    from infragent.engine.quant.corpus import CorpusError
+    from infragent.probes.quality import QualityPlan, quality as run_quality
+
+    knobs = _quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha)
+    try:
+        candidate = LLMEngine(EngineConfig(model=model, max_model_len=max(window, 64) + 32, **knobs))
+        reference = LLMEngine(EngineConfig(model=model, max_model_len=max(window, 64) + 32))
+        feedback = run_quality(reference, candidate, QualityPlan(windows=windows, window=window, prompts=prompts),
+                               label=" ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")))
+    except (ConfigError, CorpusError, FileNotFoundError) as err:
+        _fail(str(err))
+        return
+    _emit(feedback, as_json)
+
+
+@app.command()
 def serve(
     model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default)."),
@@ -198,6 +251,10 @@ def serve(
     kv_layout: str = typer.Option("paged", "--kv-layout", help="paged or contiguous."),
     gemm: str = typer.Option("torch", "--gemm", help="torch, blas or blas-gil-held (native BLAS via ctypes)."),
     kv_transfer: bool = typer.Option(False, "--kv-transfer", help="Send prefill KV to a store on a transfer thread."),
+    kv_cache_dtype: str = KV_CACHE_DTYPE,
+    kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
+    quantization: Optional[str] = QUANTIZATION,
+    smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json
@@ -210,7 +267,8 @@ def serve(
         config = EngineConfig(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               max_model_len=max_model_len, block_size=block_size, kv_cache_gb=kv_cache_gb,
                               num_threads=threads, kv_layout=kv_layout, gemm=gemm, kv_transfer=kv_transfer,
-                              hybrid=hybrid)
+                              hybrid=hybrid, **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization,
+                                                            smoothquant_alpha))
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info")
     except (ConfigError, FileNotFoundError) as err:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infragent.agent.kernel_target import load_kernel_target
-from infragent.lab.criteria import Judgement
+from infragent.lab.criteria import Judgement, judge_interval
 from infragent.lab.spec import Criterion, Spec, load_spec
 from infragent.probes.bench import run_bench
 from infragent.probes.check import run_check
@@ -56,7 +56,6 @@ def run_gates(spec: Spec, root: Path, baseline_root: Path, knobs: dict, baseline
 
 def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgement:
     """One kernel criterion from the gates' numbers: an error bound, or a time ratio's CI against its limit."""
-    limit = criterion.max if criterion.max is not None else criterion.min
     if criterion.metric == "rel_error":
         numbers = feedback["check"].numbers
         value = max((numbers[k].value for k in ("max_rel_err", "max_rel_err_partitioned") if k in numbers
@@ -72,16 +71,7 @@ def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgeme
                              message=f"{criterion.metric}: not measured (the check failed first)")
         m = bench.numbers["ratio"]
         value, lo, hi = m.value, m.ci_low, m.ci_high
-    upper = criterion.max is not None
-    if (hi <= limit) if upper else (lo >= limit):
-        verdict = "pass"
-    elif (lo > limit) if upper else (hi < limit):
-        verdict = "fail"
-    else:
-        verdict = "inconclusive"
-    rule = f"<= {limit:g}" if upper else f">= {limit:g}"
-    message = f"{criterion.metric} {value:.4g} [{lo:.4g}, {hi:.4g}] {rule}: {verdict}"
-    return Judgement("", criterion.metric, "kernel", "all", verdict, value, (lo, hi), message=message)
+    return judge_interval(criterion, value, lo, hi, "kernel")
 
 
 def gates_argv(spec_path: Path, root: Path, baseline_root: Path, knobs: dict, baseline_knobs: dict,

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis, suspects
 from infragent.agent.search import SearchProposer
-from infragent.agent.steps import check_outputs, end_to_end, local_ab
+from infragent.agent.steps import check_outputs, end_to_end, local_ab, quality_gate
 from infragent.lab.ledger import Ledger
 from infragent.lab.measure import open_run
-from infragent.lab.spec import Spec, load_spec
+from infragent.lab.spec import QUALITY_METRICS, Spec, load_spec
 from infragent.lab.target import TargetError, TargetProcess, engine_config
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback
@@ -180,11 +180,21 @@ def _trial(spec: Spec, key: str, knobs: dict, base_url: str, ledger: Ledger, run
     logs = ledger.path.parent / "logs"
     result: dict[str, Any] = {"trial": number, "knobs": knobs, "status": "rejected", "objective": None,
                               "feasible": False}
+    gated = any(c.metric in QUALITY_METRICS for c in spec.criteria)
+    quality_judgements: list[dict] = []
+    if gated:  # outputs may differ by design (quantization): the quality gates replace the identity check
+        started = time.monotonic()
+        gate = record(f"{key}/quality", quality_gate(spec, knobs), experiment, started)
+        quality_judgements = gate["feedback"]["details"]["judgements"]
+        if gate["verdict"] != "pass":
+            return _store(record, key, result | {"judgements": quality_judgements}, experiment,
+                          "did not pass the quality gates")
     try:
         with TargetProcess(spec.target, knobs, logs / f"run-{run_id}-{key.replace('/', '-')}.log") as cand:
             ledger.set_run(run_id, candidate_pgid=cand.pgid)  # a kill -9 of the loop leaves it; resume stops it
             started = time.monotonic()
-            if record(f"{key}/check", check_outputs(base_url, cand.base_url), experiment, started)["verdict"] != "pass":
+            if not gated and record(f"{key}/check", check_outputs(base_url, cand.base_url), experiment,
+                                    started)["verdict"] != "pass":
                 return _store(record, key, result, experiment, "failed the correctness check")
             started = time.monotonic()
             local = record(f"{key}/local_ab", local_ab(spec.scenarios[0], base_url, cand.base_url, seed=100 + number),
@@ -200,7 +210,7 @@ def _trial(spec: Spec, key: str, knobs: dict, base_url: str, ledger: Ledger, run
                 ledger.record_probe(run_id, f"{key}/{name}", fb.to_dict(), experiment,
                                     [(e.path, e.description) for e in fb.evidence])
             result.update(status="measured", objective=score["objective"], feasible=score["feasible"],
-                          finding=e2e.finding, judgements=e2e.details["judgements"])
+                          finding=e2e.finding, judgements=quality_judgements + e2e.details["judgements"])
             return _store(record, key, result, experiment, "measured end to end")
     except TargetError as err:
         return _store(record, key, result, experiment, f"target did not start: {str(err)[:300]}")

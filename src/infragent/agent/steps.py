@@ -3,6 +3,7 @@ end-to-end measurement with every criterion judged. Each returns a Feedback the 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict
 
 import httpx
@@ -10,9 +11,10 @@ import numpy as np
 
 from infragent.analysis.serving_metrics import serving_metrics
 from infragent.analysis.stats import bootstrap_median
-from infragent.lab.criteria import Judgement, Run, judge
+from infragent.lab.criteria import Judgement, Run, judge, judge_interval
 from infragent.lab.measure import interleaved_repeat
-from infragent.lab.spec import Scenario, Spec
+from infragent.lab.spec import QUALITY_METRICS, Scenario, Spec
+from infragent.lab.target import engine_config
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
 
@@ -36,6 +38,27 @@ def check_outputs(baseline_url: str, candidate_url: str, max_tokens: int = 8) ->
                f"{mismatches[0]['prompt']!r})" if mismatches else f"greedy outputs identical on {len(CHECK_PROMPTS)} prompts")
     return Feedback("check", verdict, finding, numbers={"mismatches": Measure(len(mismatches))},
                     details={"mismatches": mismatches})
+
+
+def quality_gate(spec: Spec, knobs: dict, plan=None) -> Feedback:  # noqa: ANN001 (QualityPlan, imported lazily)
+    """The spec's quality criteria for an engine with these knobs, against an fp32 copy of that engine
+    (no quantized weights, fp32 KV), both in-process: perplexity, KL and greedy agreement with CIs."""
+    from infragent.engine.llm_engine import LLMEngine
+    from infragent.probes.quality import quality
+
+    candidate = engine_config(spec.target, knobs)
+    reference = dataclasses.replace(candidate, dtype="float32", gemm="torch", kv_cache_dtype="auto",
+                                    kv_cache_dtypes=None, quantization=None, smoothquant_alpha=None)
+    feedback = quality(LLMEngine(reference), LLMEngine(candidate), plan, label=f"knobs {knobs}")
+    judgements = [judge_interval(c, m.value, m.ci_low, m.ci_high, "quality")
+                  for c in spec.criteria if c.metric in QUALITY_METRICS
+                  for m in [feedback.numbers[c.metric]]]
+    failed = [j for j in judgements if j.verdict == "fail"]
+    unsure = [j for j in judgements if j.verdict == "inconclusive"]
+    feedback.verdict = "fail" if failed else "inconclusive" if unsure else "pass"
+    feedback.finding += "; " + "; ".join(j.message for j in failed + unsure or judgements)
+    feedback.details["judgements"] = [asdict(j) for j in judgements]
+    return feedback
 
 
 def objective(run: Run) -> float:

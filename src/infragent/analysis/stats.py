@@ -36,6 +36,19 @@ def bootstrap_median(samples: list[float], confidence: float = 0.95, resamples: 
     return Summary(float(np.median(data)), float(lo), float(hi), int(data.size))
 
 
+def bootstrap_mean(samples: list[float], confidence: float = 0.95, resamples: int = 10_000,
+                   seed: int = 0) -> Summary:
+    """Mean of samples (in Summary.median's place) and a percentile-bootstrap CI of the mean."""
+    data = np.asarray(samples, dtype=float)
+    if data.size == 0:
+        return Summary(float("nan"), float("nan"), float("nan"), 0)
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    tail = (1.0 - confidence) / 2 * 100
+    lo, hi = np.percentile(means, [tail, 100 - tail])
+    return Summary(float(data.mean()), float(lo), float(hi), int(data.size))
+
+
 def ratio_summary(num: list[float], den: list[float], confidence: float = 0.95, resamples: int = 10_000,
                   seed: int = 0) -> Summary:
     """Ratio of medians median(num)/median(den) with a bootstrap CI (both resampled independently)."""

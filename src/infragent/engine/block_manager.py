@@ -48,7 +48,7 @@ class BlockManager:
 
     def reuse_cached_prefix(self, seq: Sequence) -> None:
         """Attach the longest run of cached full prompt blocks to a fresh seq and skip computing them."""
-        if not self.enable_prefix_caching or seq.block_table:
+        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs:
             return
         prompt = seq.prompt_token_ids
         # At least one prompt token must be computed so the last position yields logits.

@@ -10,6 +10,8 @@ MODELS = ("llama", "hybrid")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 KV_LAYOUTS = ("paged", "contiguous")
 GEMMS = ("torch", "blas", "blas-gil-held")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp8", "int8")  # auto: the model's dtype
+QUANTIZATIONS = ("w8a8", "int8-weight")
 
 
 class ConfigError(ValueError):
@@ -59,6 +61,10 @@ class EngineConfig:
     gguf_path: str | None = None
     gemm: str = "torch"  # torch | blas | blas-gil-held (native BLAS through ctypes, see native_gemm.py)
     kv_transfer: bool = False  # send each prefill layer's K/V to a KV store on a transfer thread
+    kv_cache_dtype: str = "auto"  # every attention layer's KV storage: auto (model dtype), fp32, bf16, fp8, int8
+    kv_cache_dtypes: list[str] | None = None  # one per attention layer, in order (overrides kv_cache_dtype)
+    quantization: str | None = None  # w8a8 or int8-weight: the projections (not the LM head)
+    smoothquant_alpha: float | None = None  # w8a8 only: migrate activation scale to weights (SmoothQuant α)
     hybrid: HybridConfig = field(default_factory=HybridConfig)
 
     def __post_init__(self) -> None:
@@ -79,8 +85,39 @@ class EngineConfig:
             raise ConfigError(f"max_model_len: must be positive, got {self.max_model_len}")
         if self.kv_cache_gb <= 0:
             raise ConfigError(f"kv_cache_gb: must be positive, got {self.kv_cache_gb}")
+        self._check_quantization()
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads: must be >= 1, got {self.num_threads}")
+
+    def _check_quantization(self) -> None:
+        if self.quantization == "none":
+            self.quantization = None
+        for i, name in enumerate([self.kv_cache_dtype, *(self.kv_cache_dtypes or [])]):
+            if name not in KV_CACHE_DTYPES:
+                where = "kv_cache_dtype" if i == 0 else f"kv_cache_dtypes[{i - 1}]"
+                raise ConfigError(f"{where}: {name!r}; choose one of {', '.join(KV_CACHE_DTYPES)}")
+        used = self.kv_cache_dtypes if self.kv_cache_dtypes is not None else [self.kv_cache_dtype]
+        if self.kv_layout != "paged" and set(used) - {"auto"}:
+            raise ConfigError("kv_cache_dtype: a KV dtype other than auto needs kv_layout paged (scales are per block)")
+        if self.quantization is not None:
+            if self.quantization not in QUANTIZATIONS:
+                raise ConfigError(f"quantization: {self.quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
+            if self.gemm != "torch" or self.dtype != "float32":
+                raise ConfigError("quantization: needs gemm torch and dtype float32 (it replaces the projections)")
+        if self.smoothquant_alpha is not None:
+            if self.quantization != "w8a8":
+                raise ConfigError("smoothquant_alpha: applies to quantization w8a8 only; set it or drop alpha")
+            if not 0.0 <= self.smoothquant_alpha <= 1.0:
+                raise ConfigError(f"smoothquant_alpha: must be in [0, 1], got {self.smoothquant_alpha}")
+
+    def layer_kv_dtypes(self, num_attention_layers: int) -> list[str]:
+        """The KV dtype of each attention layer ("auto" resolved later to the model dtype)."""
+        if self.kv_cache_dtypes is None:
+            return [self.kv_cache_dtype] * num_attention_layers
+        if len(self.kv_cache_dtypes) != num_attention_layers:
+            raise ConfigError(f"kv_cache_dtypes: has {len(self.kv_cache_dtypes)} entries for "
+                              f"{num_attention_layers} attention layers; give one per attention layer")
+        return list(self.kv_cache_dtypes)
 
     @property
     def torch_dtype(self) -> torch.dtype:

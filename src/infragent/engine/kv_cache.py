@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from infragent.engine.quant.formats import FORMATS, Format
+from infragent.engine.quant.kv_quant import read_blocks, write_scaled
 from infragent.engine.step_inputs import PrefillChunk, StepInputs
 from infragent.trace import span
 
@@ -15,13 +17,21 @@ class KVCache:
     multiplies against the gathered blocks in place, with no transposing copy. Paged layout finds a
     sequence's blocks through its block table; contiguous layout gives each sequence one block of
     max_model_len tokens (its region) and slices it.
+
+    Each layer has its storage format (formats; None = the model's dtype): fp32 or bf16 as is, fp8 e4m3 or
+    int8 with one fp32 scale per block and head (k_scale, v_scale [num_blocks, kv_heads]). Rows are encoded
+    on write and decoded to the model's dtype on read, so attention always sees what the cache holds.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, layout: str) -> None:
+                 head_dim: int, dtype: torch.dtype, layout: str, formats: list[Format | None] | None = None) -> None:
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.formats = [f if f is not None and f.dtype != dtype else None for f in formats or [None] * num_layers]
+        self.k = [torch.zeros(shape, dtype=f.dtype if f else dtype) for f in self.formats]
+        self.v = [torch.zeros(shape, dtype=f.dtype if f else dtype) for f in self.formats]
+        self.k_scale = [torch.zeros(num_blocks, num_kv_heads) if f and f.scaled else None for f in self.formats]
+        self.v_scale = [torch.zeros(num_blocks, num_kv_heads) if f and f.scaled else None for f in self.formats]
+        self.dtype = dtype
         self.block_size = block_size
         self.layout = layout
         # Decode gathers land in reused buffers: fresh multi-MB allocations fault in new pages every layer.
@@ -32,11 +42,31 @@ class KVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
         with span("kv.write", layer=layer, tokens=k.shape[0]):
-            self.k[layer][inputs.slot_blocks, :, inputs.slot_offsets] = k
-            self.v[layer][inputs.slot_blocks, :, inputs.slot_offsets] = v
+            fmt = self.formats[layer]
+            if fmt is not None and fmt.scaled:
+                write_scaled(self.k[layer], self.k_scale[layer], inputs.slot_blocks, inputs.slot_offsets, k, fmt)
+                write_scaled(self.v[layer], self.v_scale[layer], inputs.slot_blocks, inputs.slot_offsets, v, fmt)
+            else:
+                self.k[layer][inputs.slot_blocks, :, inputs.slot_offsets] = k.to(self.k[layer].dtype)
+                self.v[layer][inputs.slot_blocks, :, inputs.slot_offsets] = v.to(self.v[layer].dtype)
         if self.transfer is not None and k.shape[0] > inputs.num_decodes:
             d = inputs.num_decodes  # decode rows come first; only prefill rows move to the store
             self._unsent = (layer, k[d:], v[d:], inputs.slot_blocks[d:], inputs.slot_offsets[d:])
+
+    def lossy(self, layer: int) -> bool:
+        """Whether this layer stores K/V in a format other than the model's (attention must read it back)."""
+        return self.formats[layer] is not None
+
+    @property
+    def any_lossy(self) -> bool:
+        """Whether any layer stores K/V in a format other than the model's."""
+        return any(f is not None for f in self.formats)
+
+    def nbytes_per_token(self) -> float:
+        """Bytes of K, V and scales the cache holds per token slot, all layers together."""
+        total = sum(t.nbytes for t in self.k + self.v)
+        total += sum(t.nbytes for t in self.k_scale + self.v_scale if t is not None)
+        return total / (self.k[0].shape[0] * self.block_size) if self.k else 0.0
 
     def layer_done(self) -> None:
         """The attention layer finished: hand its new rows to the transfer (as vLLM's save_kv_layer does)."""
@@ -54,16 +84,20 @@ class KVCache:
             k, v, index = k[:, :, :length], v[:, :, :length], inputs.decode_regions
         batch = inputs.num_decodes
         with span("kv.gather", layer=layer, blocks=index.numel()):
-            k, v = self._gather(0, k, index), self._gather(1, v, index)
+            k, v = self._gather(0, k, self.k_scale[layer], index), self._gather(1, v, self.v_scale[layer], index)
         return k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:])
 
-    def _gather(self, which: int, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """index_select of whole blocks into a reused workspace buffer."""
+    def _gather(self, which: int, source: torch.Tensor, scale: torch.Tensor | None,
+                index: torch.Tensor) -> torch.Tensor:
+        """Whole blocks, in the model's dtype, into a reused workspace buffer (decoded if stored otherwise)."""
         shape = (index.numel(), *source.shape[1:])
         numel = shape[0] * shape[1] * shape[2] * shape[3]
         if self._workspace[which].numel() < numel:
-            self._workspace[which] = torch.empty(numel, dtype=source.dtype)
-        return torch.index_select(source, 0, index, out=self._workspace[which][:numel].view(shape))
+            self._workspace[which] = torch.empty(numel, dtype=self.dtype)
+        out = self._workspace[which][:numel].view(shape)
+        if source.dtype == self.dtype:
+            return torch.index_select(source, 0, index, out=out)
+        return read_blocks(source, scale, index, out)
 
     def chunk_context(self, layer: int, chunk: PrefillChunk) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of a prefill chunk's whole context (cached prefix plus chunk): [kv_heads, L, head_dim]."""
@@ -75,11 +109,21 @@ class KVCache:
         if self.layout == "contiguous":
             return self.k[layer][chunk.region, :, :length], self.v[layer][chunk.region, :, :length]
 
-        def tokens(cache: torch.Tensor) -> torch.Tensor:
-            blocks = cache.index_select(0, chunk.context_blocks)  # [nb, kv_heads, bs, d]
+        def tokens(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+            index = chunk.context_blocks
+            if cache.dtype == self.dtype:
+                blocks = cache.index_select(0, index)  # [nb, kv_heads, bs, d]
+            else:
+                blocks = read_blocks(cache, scale, index, torch.empty((index.numel(), *cache.shape[1:]),
+                                                                      dtype=self.dtype))
             return blocks.transpose(0, 1).reshape(blocks.shape[1], -1, blocks.shape[3])[:, :length]
 
-        return tokens(self.k[layer]), tokens(self.v[layer])
+        return tokens(self.k[layer], self.k_scale[layer]), tokens(self.v[layer], self.v_scale[layer])
+
+
+def kv_formats(names: list[str]) -> list[Format | None]:
+    """Formats for KV dtype names ("auto" → None, the model's dtype)."""
+    return [None if name == "auto" else FORMATS[name] for name in names]
 
 
 

@@ -17,6 +17,13 @@ class LLM:
         config = EngineConfig(model=model, hybrid=hybrid or HybridConfig(), **knobs)  # type: ignore[arg-type]
         self.engine = LLMEngine(config)
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> "LLM":
+        """The offline API over an engine that is already built (its caches must be idle)."""
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        return llm
+
     @property
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer (encode, decode, chat template)."""

@@ -9,7 +9,7 @@ import torch
 from infragent.engine.block_manager import BlockManager
 from infragent.engine.config import ConfigError, EngineConfig
 from infragent.engine.gguf_weights import read_gguf
-from infragent.engine.kv_cache import KDAStateCache, KVCache
+from infragent.engine.kv_cache import KDAStateCache, KVCache, kv_formats
 from infragent.engine.kv_transfer import KVStore, KVTransfer
 from infragent.engine.native_gemm import make_gemm
 from infragent.engine.models.decoder import DecoderModel
@@ -17,6 +17,9 @@ from infragent.engine.models.hybrid import init_hybrid
 from infragent.engine.models.llama import load_llama
 from infragent.engine.models.spec import ModelSpec
 from infragent.engine.outputs import RequestOutput
+from infragent.engine.quant.apply import quantize_projections
+from infragent.engine.quant.corpus import token_windows
+from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import RequestError, SamplingParams
 from infragent.engine.scheduler import ScheduledBatch, Scheduler
@@ -70,21 +73,49 @@ class LLMEngine:
         self.kv_store = KVStore() if config.kv_transfer else None
         self.kv_transfer = KVTransfer(self.kv_store) if self.kv_store is not None else None
         self.kv_cache.transfer = self.kv_transfer
+        if config.quantization is not None:
+            self._quantize()
 
     def _allocate_kv_cache(self, spec: ModelSpec) -> tuple[KVCache, int, int]:
         """Size the attention KV cache from kv_cache_gb; returns (cache, block_size, num_blocks)."""
         cfg = self.config
-        element = torch.finfo(cfg.torch_dtype).bits // 8
-        per_token = max(spec.kv_bytes_per_token(element), 1)
-        capacity = int(cfg.kv_cache_gb * 1e9) // per_token
+        formats = kv_formats(cfg.layer_kv_dtypes(spec.num_attention_layers))
+        model_element = torch.finfo(cfg.torch_dtype).bits // 8
         block_size = cfg.block_size if cfg.kv_layout == "paged" else self.max_model_len
+        row = spec.num_kv_heads * spec.head_dim
+        # per token: K and V rows in each layer's format, plus (scaled formats) a K and V scale per head and block
+        per_token = sum(2 * row * (f.element_size if f else model_element)
+                        + (2 * spec.num_kv_heads * 4 / block_size if f and f.scaled else 0) for f in formats)
+        capacity = int(cfg.kv_cache_gb * 1e9 // max(per_token, 1))
         num_blocks = capacity // block_size
         if num_blocks * block_size < self.max_model_len or num_blocks == 0:
             raise ConfigError(f"kv_cache_gb: {cfg.kv_cache_gb} GB holds {capacity} tokens, fewer than "
                               f"max_model_len={self.max_model_len}; raise kv_cache_gb or lower max_model_len")
         cache = KVCache(spec.num_attention_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-                        cfg.torch_dtype, cfg.kv_layout)
+                        cfg.torch_dtype, cfg.kv_layout, formats)
         return cache, block_size, num_blocks
+
+    def _quantize(self) -> None:
+        """Quantize the projections; with smoothquant_alpha, first calibrate activation ranges on held-out text."""
+        smooth = None
+        alpha = self.config.smoothquant_alpha
+        if alpha is not None:
+            ranges = input_ranges(self.model, self._run_calibration)
+            smooth = [smoothing_factors(amax, getattr(owner, name).weight_t, alpha)
+                      for amax, (owner, name) in zip(ranges, self.model.projections())]
+        quantize_projections(self.model, self.config.quantization, smooth)
+
+    def _run_calibration(self, windows: int = 8, window: int = 256) -> None:
+        """Prefill calibration text (prefix caching off: no fp32 KV may outlive the calibration)."""
+        caching, self.blocks.enable_prefix_caching = self.blocks.enable_prefix_caching, False
+        try:
+            length = min(window, self.max_model_len - 1)
+            for ids in token_windows(self.tokenizer.encode, "calibration", length, windows):
+                self.add_request(ids, SamplingParams(max_tokens=1))
+            while self.has_unfinished():
+                self.step()
+        finally:
+            self.blocks.enable_prefix_caching = caching
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str = "") -> Sequence:
@@ -197,4 +228,19 @@ class LLMEngine:
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.prompt_token_ids,
             token_ids=list(seq.output_token_ids), text=seq.text, finish_reason=seq.finish_reason,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time,
-            num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions)
+            num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions,
+            prompt_logprobs=_prompt_logprobs(seq))
+
+
+def _prompt_logprobs(seq: Sequence) -> torch.Tensor | None:
+    """The prompt's log-probability rows in position order, each position once (a preempted sequence
+    recomputes its prefix, possibly in other chunks)."""
+    if not seq.prompt_logprobs:
+        return None
+    rows, covered = [], 0
+    for position in sorted(seq.prompt_logprobs):
+        chunk = seq.prompt_logprobs[position]
+        if position + len(chunk) > covered:
+            rows.append(chunk[covered - position:])
+            covered = position + len(chunk)
+    return torch.cat(rows)

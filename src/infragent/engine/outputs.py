@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass
 class RequestOutput:
@@ -20,6 +22,8 @@ class RequestOutput:
     finish_time: float | None = None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # with SamplingParams.prompt_logprobs: [prompt tokens, vocab], row i = log p(next token | prompt[:i + 1])
+    prompt_logprobs: torch.Tensor | None = None
 
     @property
     def ttft_s(self) -> float | None:

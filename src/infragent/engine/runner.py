@@ -24,6 +24,7 @@ class ModelRunner:
         self.slots = slots
         self.block_size = block_size
         self.paged = kv_cache.layout == "paged"
+        self.prompt_rows: list[tuple[Sequence, int, int, int]] = []  # this step's rows kept as prompt logprobs
 
     def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[Sequence]]:
         """Flatten the batch (decodes first) and build the metadata every layer reads."""
@@ -38,14 +39,18 @@ class ModelRunner:
         prefills: list[PrefillChunk] = []
         logits_rows: list[int] = []
         sampled_seqs: list[Sequence] = []
+        self.prompt_rows = []  # (seq, first row, rows, first position)
         for seq, n in zip(seqs, counts):
             start, row, table = seq.num_computed_tokens, len(input_ids), seq.block_table
             input_ids.extend(seq.token_ids[start:start + n])
             positions.extend(range(start, start + n))
             slot_blocks.extend(table[p // bs] for p in range(start, start + n))
             if n > 1:
-                context = torch.tensor(table) if self.paged and start else None
+                # a lossy KV layer's attention reads the chunk back from the cache, so it needs the blocks
+                context = torch.tensor(table) if self.paged and (start or self.kv_cache.any_lossy) else None
                 prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot))
+            if seq.params.prompt_logprobs and start < len(seq.prompt_token_ids):
+                self.prompt_rows.append((seq, row, min(n, len(seq.prompt_token_ids) - start), start))
             if start + n == len(seq):
                 logits_rows.append(row + n - 1)
                 sampled_seqs.append(seq)
@@ -87,6 +92,8 @@ class ModelRunner:
         phase = "decode" if inputs.num_decodes == tokens else "prefill"  # a step with any prefill is a prefill step
         with span(phase, tokens=tokens, decodes=inputs.num_decodes, prefill_tokens=tokens - inputs.num_decodes):
             hidden = self.model.forward(inputs, self.kv_cache, self.kda_states)
+        for seq, row, n, position in self.prompt_rows:  # a recomputed (preempted) prefix overwrites its rows
+            seq.prompt_logprobs[position] = torch.log_softmax(self.model.logits(hidden[row:row + n]), dim=-1)
         if not sampled_seqs:
             return {}
         with span("sample", seqs=len(sampled_seqs)):

@@ -25,6 +25,9 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    # offline API: keep log-probabilities over the whole vocabulary at every prompt position (vocab × 4 bytes
+    # per prompt token); the prefix cache is bypassed so every position is computed
+    prompt_logprobs: bool = False
 
     def validate(self) -> None:
         """Raise RequestError naming the first bad field."""

@@ -42,6 +42,7 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     generator: torch.Generator | None = None
+    prompt_logprobs: dict[int, torch.Tensor] = field(default_factory=dict)  # first position → [n, vocab] rows
     seq_id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self) -> None:

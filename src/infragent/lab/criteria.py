@@ -85,6 +85,22 @@ def run_value(run: Run, metric: str, records: list[RequestRecord]) -> float:
             "goodput": m.goodput or 0.0}[metric]
 
 
+def judge_interval(criterion: Criterion, value: float, lo: float, hi: float, phase: str) -> Judgement:
+    """An absolute criterion on one estimate with its CI: pass when the whole interval is on the allowed
+    side of the limit, fail when it is wholly on the other side, otherwise inconclusive."""
+    upper = criterion.max is not None
+    limit = criterion.max if upper else criterion.min
+    if (hi <= limit) if upper else (lo >= limit):
+        verdict = "pass"
+    elif (lo > limit) if upper else (hi < limit):
+        verdict = "fail"
+    else:
+        verdict = "inconclusive"
+    rule = f"<= {limit:g}" if upper else f">= {limit:g}"
+    message = f"{criterion.metric} {value:.4g} [{lo:.4g}, {hi:.4g}] {rule}: {verdict}"
+    return Judgement(criterion.scenario, criterion.metric, phase, "all", verdict, value, (lo, hi), message=message)
+
+
 def _in_bucket(records: list[RequestRecord], bucket: str, bounds: tuple[int, ...]) -> list[RequestRecord]:
     return records if bucket == "all" else [r for r in records if bucket_of(r.prompt_len, bounds) == bucket]
 

@@ -9,7 +9,9 @@
                                   touches = ["decode", "kv.gather"]   (spans or kernels the knob acts on)
     [[scenarios]]                 name, and loadgen fields (num_prompts, max_concurrency, request_rate, ...)
     [[criteria]]                  scenario, metric, phase, bucket; max/min (absolute) or
-                                  max_regression (relative to the baseline) with test and alpha
+                                  max_regression (relative to the baseline) with test and alpha;
+                                  quality gates (perplexity_increase, kl_divergence, greedy_agreement)
+                                  take max/min and no scenario
 
 Validation is pydantic; every error becomes one line "FILE:LINE: FIELD: what is wrong".
 """
@@ -40,6 +42,13 @@ KERNEL_METRICS: dict[str, tuple[str, bool]] = {
     "reference_time_ratio": ("kernel", False),  # candidate time / reference time (bench, paired)
 }
 METRICS.update(KERNEL_METRICS)
+# engine targets with quantized weights or KV: judged on the quality probe against an fp32 copy of the engine
+QUALITY_METRICS: dict[str, tuple[str, bool]] = {
+    "perplexity_increase": ("quality", False),  # perplexity / fp32 perplexity − 1 on held-out text
+    "kl_divergence": ("quality", False),  # mean KL(fp32 ‖ candidate) of next-token distributions, nats
+    "greedy_agreement": ("quality", True),  # share of fp32's greedy tokens reproduced before the first miss
+}
+METRICS.update(QUALITY_METRICS)
 
 
 class SpecError(ValueError):
@@ -185,6 +194,14 @@ class Spec(_Strict):
                 allowed = ", ".join(KERNEL_METRICS if kernel else (m for m in METRICS if m not in KERNEL_METRICS))
                 raise ValueError(f"criteria.{i}.metric: {c.metric!r} does not apply to a {self.target.kind} "
                                  f"target; choose one of {allowed}")
+            if c.metric in QUALITY_METRICS:
+                if self.target.kind != "engine":
+                    raise ValueError(f"criteria.{i}.metric: {c.metric} is a quality gate; it runs the engine "
+                                     f"in-process, so it needs target kind = \"engine\"")
+                if c.max_regression is not None:
+                    raise ValueError(f"criteria.{i}.max_regression: {c.metric} is already relative to an fp32 "
+                                     f"copy of the engine; give max or min")
+                continue
             if kernel:
                 continue
             if c.scenario not in names:

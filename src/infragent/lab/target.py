@@ -19,7 +19,26 @@ from infragent.lab.spec import Target
 # Engine knobs that `infragent serve` takes as flags.
 SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
                "max_model_len": "--max-model-len", "block_size": "--block-size", "kv_cache_gb": "--kv-cache-gb",
-               "num_threads": "--threads", "kv_layout": "--kv-layout", "gemm": "--gemm"}
+               "num_threads": "--threads", "kv_layout": "--kv-layout", "gemm": "--gemm",
+               "kv_cache_dtype": "--kv-cache-dtype", "kv_cache_dtypes": "--kv-cache-dtypes",
+               "quantization": "--quantization", "smoothquant_alpha": "--smoothquant-alpha"}
+
+
+def flag_value(name: str, value: str) -> Any:
+    """A serve flag's text as the EngineConfig field's type (int, float, str, comma list; "none" → None)."""
+    from infragent.engine.config import EngineConfig
+
+    kind = str(EngineConfig.__dataclass_fields__[name].type)
+    if value == "none" and "None" in kind:
+        return None
+    for prefix, convert in (("list", lambda v: v.split(",")), ("int", int), ("float", float), ("bool", _bool)):
+        if kind.startswith(prefix):
+            return convert(value)
+    return value
+
+
+def _bool(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes")
 
 
 def engine_config(target: Target, knobs: dict[str, Any]) -> Any:
@@ -37,8 +56,7 @@ def engine_config(target: Target, knobs: dict[str, Any]) -> Any:
         if flag == "--hybrid-config":
             fields["hybrid"] = HybridConfig(**json.loads(value))
         elif flag in by_flag:
-            default = EngineConfig.__dataclass_fields__[by_flag[flag]].default
-            fields[by_flag[flag]] = type(default)(value) if default is not None else int(value)
+            fields[by_flag[flag]] = flag_value(by_flag[flag], value)
     fields.update(knobs)
     return EngineConfig(**fields)
 
@@ -68,7 +86,8 @@ def launch_command(target: Target, knobs: dict[str, Any]) -> tuple[list[str], st
     argv = [sys.executable, "-m", "infragent.cli", "serve", "--model", target.model, "--port", str(port),
             *target.serve_args]
     for name, value in knobs.items():
-        argv += [SERVE_FLAGS[name], str(value)]
+        text = "none" if value is None else ",".join(value) if isinstance(value, list) else str(value)
+        argv += [SERVE_FLAGS[name], text]
     url = f"http://127.0.0.1:{port}"
     return argv, url, f"{url}/health"
 

@@ -45,12 +45,18 @@ class DecoderModel:
             mlp = GatedMLP(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
             self.layers.append((w[p + "input_layernorm.weight"], mixer, w[p + "post_attention_layernorm.weight"], mlp))
 
+    def projections(self) -> list[tuple[object, str]]:
+        """(owner, attribute) of every layer's projection linears (not the LM head), in order."""
+        sites: list[tuple[object, str]] = []
+        for _, mixer, _, mlp in self.layers:
+            names = ("qkv", "o") if isinstance(mixer, Attention) else ("w_in", "o_proj")
+            sites += [(mixer, name) for name in names] + [(mlp, "gate_up"), (mlp, "down")]
+        return sites
+
     def use_gemm(self, gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> None:
         """Route every layer's projections (not the LM head) through gemm (None: torch.mm)."""
-        for _, mixer, _, mlp in self.layers:
-            linears = [mixer.qkv, mixer.o] if isinstance(mixer, Attention) else [mixer.w_in, mixer.o_proj]
-            for linear in [*linears, mlp.gate_up, mlp.down]:
-                linear.gemm = gemm
+        for owner, name in self.projections():
+            getattr(owner, name).gemm = gemm
 
     def forward(self, inputs: StepInputs, kv_cache: KVCache, kda_states: KDAStateCache | None) -> torch.Tensor:
         """Hidden states [T, hidden] of every scheduled token; fills the caches as a side effect."""
@@ -74,11 +80,11 @@ class DecoderModel:
         """Next-token logits [N, vocab] (fp32) for the given hidden rows."""
         return self.lm_head(rms_norm(hidden, self.final_norm, self.spec.rms_eps)).float()
 
+    def projection_bytes(self) -> int:
+        """Bytes of every layer's projection weights as stored (with scales when quantized)."""
+        return sum(getattr(owner, name).weight_bytes() for owner, name in self.projections())
+
     def nbytes(self) -> int:
         """Bytes of weights one decode step streams: every linear, norm and the LM head (not the embedding)."""
-        tensors = [self.lm_head.weight_t, self.final_norm]
-        for norm_in, mixer, norm_post, mlp in self.layers:
-            tensors += [norm_in, norm_post, mlp.gate_up.weight_t, mlp.down.weight_t]
-            linears = [mixer.qkv, mixer.o] if isinstance(mixer, Attention) else [mixer.w_in, mixer.o_proj]
-            tensors += [linear.weight_t for linear in linears]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        norms = [self.final_norm] + [t for norm_in, _, norm_post, _ in self.layers for t in (norm_in, norm_post)]
+        return self.projection_bytes() + self.lm_head.weight_bytes() + sum(t.nbytes for t in norms)

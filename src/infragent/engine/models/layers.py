@@ -48,6 +48,10 @@ class Linear:
             return self.gemm(x, self.weight_t)
         return torch.mm(x, self.weight_t)
 
+    def weight_bytes(self) -> int:
+        """Bytes of the stored weight."""
+        return self.weight_t.nbytes
+
 
 class GatedMLP:
     """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
@@ -129,7 +133,7 @@ class Attention:
                                             inputs.decode_mask)
             for chunk in inputs.prefills:
                 rows = slice(chunk.start, chunk.start + chunk.length)
-                if chunk.context_start == 0:
+                if chunk.context_start == 0 and not cache.lossy(self.cache_layer):
                     ck, cv = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
                 else:
                     ck, cv = cache.chunk_context(self.cache_layer, chunk)

@@ -36,7 +36,3 @@ class ModelSpec:
     @property
     def num_kda_layers(self) -> int:
         return self.layer_kinds.count("kda")
-
-    def kv_bytes_per_token(self, element_size: int) -> int:
-        """Bytes of K and V one token occupies across all attention layers."""
-        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * element_size

@@ -1,0 +1,118 @@
+"""The quality gates: a candidate engine (quantized weights or KV cache) against a reference (fp32) on the
+real model. Perplexity on held-out English text, the mean KL divergence of the next-token distributions at
+every position of that text, and greedy agreement on prompts cut from it.
+
+    perplexity_increase  exp(mean NLL_candidate − mean NLL_reference) − 1, paired per text window
+    kl_divergence        mean over positions of KL(p_reference ‖ p_candidate), nats
+    greedy_agreement     per prompt, the share of the reference's greedy tokens the candidate reproduced
+                         before its first different token; mean over prompts
+
+Each comes with a bootstrap CI over windows (or prompts) and the raw per-window samples as evidence.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from infragent.analysis.stats import bootstrap_mean
+from infragent.engine.llm import LLM
+from infragent.engine.llm_engine import LLMEngine
+from infragent.engine.quant.corpus import token_windows
+from infragent.engine.sampling import SamplingParams
+from infragent.probes.artifacts import save_json
+from infragent.probes.feedback import Feedback, Measure
+
+QUALITY_METRICS = ("perplexity_increase", "kl_divergence", "greedy_agreement")
+
+
+@dataclass
+class QualityPlan:
+    """How much text the gates read: windows × window tokens for perplexity and KL, prompts for agreement."""
+
+    windows: int = 32
+    window: int = 256
+    prompts: int = 64
+    prompt_tokens: int = 32
+    max_tokens: int = 16
+    batch: int = 8  # windows scored at once: each keeps [window, vocab] fp32 log-probabilities per side
+
+
+@dataclass
+class QualitySamples:
+    """Raw per-window and per-prompt numbers, what every estimate and CI is computed from."""
+
+    nll_reference: list[float]  # mean NLL per window
+    nll_candidate: list[float]
+    kl: list[float]  # mean KL per window
+    agreement: list[float]  # per prompt
+    exact: list[bool]  # per prompt: the whole greedy continuation identical
+
+
+def quality_samples(reference: LLMEngine, candidate: LLMEngine, plan: QualityPlan | None = None) -> QualitySamples:
+    """Score the held-out windows and the prompts on both engines (engines must be idle)."""
+    plan = plan or QualityPlan()
+    encode = reference.tokenizer.encode
+    windows = token_windows(encode, "evaluation", plan.window, plan.windows)
+    nll_r, nll_c, kl = [], [], []
+    for start in range(0, len(windows), plan.batch):
+        batch = windows[start:start + plan.batch]
+        for ids, lp_r, lp_c in zip(batch, _prompt_logprobs(reference, batch), _prompt_logprobs(candidate, batch)):
+            targets = torch.tensor(ids[1:])
+            nll_r.append(float(-lp_r[:-1].gather(1, targets[:, None]).mean()))
+            nll_c.append(float(-lp_c[:-1].gather(1, targets[:, None]).mean()))
+            kl.append(float((lp_r.exp() * (lp_r - lp_c)).sum(dim=1).mean()))
+    prompts = [w[:plan.prompt_tokens] for w in token_windows(encode, "evaluation", plan.prompt_tokens, plan.prompts)]
+    greedy = SamplingParams(max_tokens=plan.max_tokens, temperature=0.0, ignore_eos=True)
+    ref_out = LLM.from_engine(reference).generate(prompts, greedy)
+    cand_out = LLM.from_engine(candidate).generate(prompts, greedy)
+    agreement = [_common_prefix(r.token_ids, c.token_ids) / len(r.token_ids) for r, c in zip(ref_out, cand_out)]
+    exact = [r.token_ids == c.token_ids for r, c in zip(ref_out, cand_out)]
+    return QualitySamples(nll_r, nll_c, kl, agreement, exact)
+
+
+def quality(reference: LLMEngine, candidate: LLMEngine, plan: QualityPlan | None = None,
+            label: str = "candidate") -> Feedback:
+    """The three gates with CIs, as a Feedback (verdict pass: measured; criteria judge the numbers)."""
+    samples = quality_samples(reference, candidate, plan)
+    return quality_feedback(samples, label)
+
+
+def quality_feedback(samples: QualitySamples, label: str = "candidate") -> Feedback:
+    """Estimates and bootstrap CIs from raw samples; the samples are kept as evidence."""
+    diff = np.asarray(samples.nll_candidate) - np.asarray(samples.nll_reference)
+    d = bootstrap_mean(diff.tolist())
+    kl = bootstrap_mean(samples.kl)
+    agree = bootstrap_mean(samples.agreement)
+    ppl_r, ppl_c = float(np.exp(np.mean(samples.nll_reference))), float(np.exp(np.mean(samples.nll_candidate)))
+    numbers = {
+        "perplexity_reference": Measure(ppl_r, n=len(diff)),
+        "perplexity_candidate": Measure(ppl_c, n=len(diff)),
+        "perplexity_increase": Measure(float(np.expm1(d.median)), "", float(np.expm1(d.lo)), float(np.expm1(d.hi)),
+                                       d.n),
+        "kl_divergence": Measure(kl.median, "nats", kl.lo, kl.hi, kl.n),
+        "greedy_agreement": Measure(agree.median, "", agree.lo, agree.hi, agree.n),
+        "greedy_exact": Measure(float(np.mean(samples.exact)), n=len(samples.exact)),
+    }
+    evidence = save_json("quality", asdict(samples), f"{label}: per-window NLL and KL, per-prompt agreement")
+    finding = (f"{label}: perplexity {ppl_c:.3f} vs {ppl_r:.3f} ({numbers['perplexity_increase'].text()}), "
+               f"KL {kl.median:.2e} nats, greedy agreement {agree.median:.3f} "
+               f"({sum(samples.exact)}/{len(samples.exact)} continuations identical)")
+    return Feedback("quality", "pass", finding, numbers=numbers, evidence=[evidence],
+                    details={"windows": len(diff), "prompts": len(samples.agreement)})
+
+
+def _prompt_logprobs(engine: LLMEngine, windows: list[list[int]]) -> list[torch.Tensor]:
+    """[window, vocab] log-probabilities at every position of each window."""
+    params = SamplingParams(max_tokens=1, prompt_logprobs=True)
+    return [out.prompt_logprobs for out in LLM.from_engine(engine).generate(windows, params)]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
