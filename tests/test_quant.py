@@ -200,3 +200,20 @@ def test_hybrid_model_runs_quantized():
         outputs[name] = llm.generate(["Hello there", "A longer prompt " * 8],
                                      SamplingParams(max_tokens=6, ignore_eos=True))
     assert all(len(o.token_ids) == 6 and o.error is None for o in outputs["quant"])
+
+
+def test_quant_gates_pack_passes_int8_kv_and_rejects_w8a8_without_smoothing():
+    from infragent.agent.steps import quality_gate
+    from infragent.lab.spec import PACKS, load_spec
+    from infragent.probes.quality import QualityPlan
+
+    spec = load_spec(PACKS / "quant-gates" / "spec.toml")
+    plan = QualityPlan(windows=12, window=128, prompts=8, max_tokens=8, batch=6)
+    kv = quality_gate(spec, {"kv_cache_dtype": "int8", "quantization": "none"}, plan)
+    assert kv.verdict == "pass", kv.finding
+    w8a8 = quality_gate(spec, {"kv_cache_dtype": "auto", "quantization": "w8a8"}, plan)
+    assert w8a8.verdict == "fail" and "perplexity_increase" in w8a8.finding, w8a8.finding
+    assert {j["metric"] for j in w8a8.details["judgements"]} == {"perplexity_increase", "kl_divergence",
+                                                                 "greedy_agreement"}
+    bad = quality_gate(spec, {"kv_cache_dtype": "int4"}, plan)
+    assert bad.verdict == "fail" and "kv_cache_dtype: 'int4'" in bad.finding

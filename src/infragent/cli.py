@@ -25,6 +25,18 @@ SMOOTHQUANT_ALPHA = typer.Option(None, "--smoothquant-alpha", help="w8a8: Smooth
                                  "(0-1, e.g. 0.5), calibrated on held-out text at start-up.")
 
 
+SPECULATIVE = typer.Option(None, "--speculative", help="ngram: draft by prompt lookup, verify greedily in one "
+                           "forward (greedy requests; outputs unchanged).")
+NUM_SPECULATIVE_TOKENS = typer.Option(3, "--num-speculative-tokens", help="Drafts per step (K).")
+ROLLBACK = typer.Option("snapshot", "--rollback", help="KDA state after rejected drafts: snapshot (state per "
+                        "draft) or replayssm (per-token inputs replayed from a checkpoint).")
+
+
+def _spec_knobs(speculative: Optional[str], num_speculative_tokens: int, rollback: str) -> dict:
+    """EngineConfig fields from the speculative-decoding flags."""
+    return {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens, "rollback": rollback}
+
+
 def _quant_knobs(kv_cache_dtype: str, kv_cache_dtypes: Optional[str], quantization: Optional[str],
                  smoothquant_alpha: Optional[float]) -> dict:
     """EngineConfig fields from the quantization flags."""
@@ -53,6 +65,9 @@ def generate(
     kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
     quantization: Optional[str] = QUANTIZATION,
     smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
+    speculative: Optional[str] = SPECULATIVE,
+    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
+    rollback: str = ROLLBACK,
 ) -> None:
     """Print the completion of each prompt (one per line block); errors go to stderr with exit status 2."""
     from infragent.engine.config import ConfigError
@@ -65,7 +80,8 @@ def generate(
         params.validate()
         llm = LLM(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   block_size=block_size, dtype=dtype, num_threads=threads,
-                  **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha))
+                  **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha),
+                  **_spec_knobs(speculative, num_speculative_tokens, rollback))
         if chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
         else:
@@ -255,6 +271,9 @@ def serve(
     kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
     quantization: Optional[str] = QUANTIZATION,
     smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
+    speculative: Optional[str] = SPECULATIVE,
+    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
+    rollback: str = ROLLBACK,
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json
@@ -268,7 +287,8 @@ def serve(
                               max_model_len=max_model_len, block_size=block_size, kv_cache_gb=kv_cache_gb,
                               num_threads=threads, kv_layout=kv_layout, gemm=gemm, kv_transfer=kv_transfer,
                               hybrid=hybrid, **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization,
-                                                            smoothquant_alpha))
+                                                            smoothquant_alpha),
+                              **_spec_knobs(speculative, num_speculative_tokens, rollback))
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info")
     except (ConfigError, FileNotFoundError) as err:

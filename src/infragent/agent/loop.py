@@ -185,7 +185,7 @@ def _trial(spec: Spec, key: str, knobs: dict, base_url: str, ledger: Ledger, run
     if gated:  # outputs may differ by design (quantization): the quality gates replace the identity check
         started = time.monotonic()
         gate = record(f"{key}/quality", quality_gate(spec, knobs), experiment, started)
-        quality_judgements = gate["feedback"]["details"]["judgements"]
+        quality_judgements = gate["feedback"]["details"].get("judgements", [])
         if gate["verdict"] != "pass":
             return _store(record, key, result | {"judgements": quality_judgements}, experiment,
                           "did not pass the quality gates")

@@ -43,13 +43,17 @@ def check_outputs(baseline_url: str, candidate_url: str, max_tokens: int = 8) ->
 def quality_gate(spec: Spec, knobs: dict, plan=None) -> Feedback:  # noqa: ANN001 (QualityPlan, imported lazily)
     """The spec's quality criteria for an engine with these knobs, against an fp32 copy of that engine
     (no quantized weights, fp32 KV), both in-process: perplexity, KL and greedy agreement with CIs."""
+    from infragent.engine.config import ConfigError
     from infragent.engine.llm_engine import LLMEngine
     from infragent.probes.quality import quality
 
-    candidate = engine_config(spec.target, knobs)
-    reference = dataclasses.replace(candidate, dtype="float32", gemm="torch", kv_cache_dtype="auto",
-                                    kv_cache_dtypes=None, quantization=None, smoothquant_alpha=None)
-    feedback = quality(LLMEngine(reference), LLMEngine(candidate), plan, label=f"knobs {knobs}")
+    try:
+        candidate = engine_config(spec.target, knobs)
+        reference = dataclasses.replace(candidate, dtype="float32", gemm="torch", kv_cache_dtype="auto",
+                                        kv_cache_dtypes=None, quantization=None, smoothquant_alpha=None)
+        feedback = quality(LLMEngine(reference), LLMEngine(candidate), plan, label=f"knobs {knobs}")
+    except ConfigError as err:
+        return Feedback("quality", "fail", f"knobs {knobs}: the engine cannot run them: {err}")
     judgements = [judge_interval(c, m.value, m.ci_low, m.ci_high, "quality")
                   for c in spec.criteria if c.metric in QUALITY_METRICS
                   for m in [feedback.numbers[c.metric]]]

@@ -81,6 +81,15 @@ class BlockManager:
                 self.block_of_hash.setdefault(h, block)
             parent = h
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only the blocks seq's first num_tokens tokens occupy (rejected speculative tokens)."""
+        keep = -(-num_tokens // self.block_size)
+        for block in reversed(seq.block_table[keep:]):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free[block] = None
+        del seq.block_table[keep:]
+
     def free_seq(self, seq: Sequence) -> None:
         """Drop seq's references; blocks reaching zero return to the free list (most recent last)."""
         for block in reversed(seq.block_table):

@@ -12,6 +12,8 @@ KV_LAYOUTS = ("paged", "contiguous")
 GEMMS = ("torch", "blas", "blas-gil-held")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp8", "int8")  # auto: the model's dtype
 QUANTIZATIONS = ("w8a8", "int8-weight")
+SPECULATIVE = ("ngram",)  # prompt lookup
+ROLLBACKS = ("snapshot", "replayssm")
 
 
 class ConfigError(ValueError):
@@ -65,6 +67,15 @@ class EngineConfig:
     kv_cache_dtypes: list[str] | None = None  # one per attention layer, in order (overrides kv_cache_dtype)
     quantization: str | None = None  # w8a8 or int8-weight: the projections (not the LM head)
     smoothquant_alpha: float | None = None  # w8a8 only: migrate activation scale to weights (SmoothQuant α)
+    kda_decode_impl: str = "vectorized"  # KDA decode step: vectorized (tiling knobs below) or reference loop
+    kda_bv_tile: int | None = None  # V tile width of the vectorized step (None: whole V)
+    kda_head_split: int = 1  # head groups of the vectorized step
+    speculative: str | None = None  # ngram: draft by prompt lookup, verify greedily in one forward
+    num_speculative_tokens: int = 3
+    prompt_lookup_max: int = 4  # longest tail n-gram the drafter looks up
+    prompt_lookup_min: int = 1
+    rollback: str = "snapshot"  # KDA state after rejected drafts: snapshot per token, or replayssm
+    rollback_window: int | None = None  # tokens a rollback covers (ReplaySSM ring length); None: drafts + 1
     hybrid: HybridConfig = field(default_factory=HybridConfig)
 
     def __post_init__(self) -> None:
@@ -86,6 +97,8 @@ class EngineConfig:
         if self.kv_cache_gb <= 0:
             raise ConfigError(f"kv_cache_gb: must be positive, got {self.kv_cache_gb}")
         self._check_quantization()
+        self._check_speculative()
+        self._check_kda_decode()
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads: must be >= 1, got {self.num_threads}")
 
@@ -109,6 +122,38 @@ class EngineConfig:
                 raise ConfigError("smoothquant_alpha: applies to quantization w8a8 only; set it or drop alpha")
             if not 0.0 <= self.smoothquant_alpha <= 1.0:
                 raise ConfigError(f"smoothquant_alpha: must be in [0, 1], got {self.smoothquant_alpha}")
+
+    def _check_kda_decode(self) -> None:
+        from infragent.engine.models.kda_ops import KDA_DECODE_IMPLS
+
+        if self.kda_decode_impl not in KDA_DECODE_IMPLS:
+            raise ConfigError(f"kda_decode_impl: {self.kda_decode_impl!r}; choose one of {', '.join(KDA_DECODE_IMPLS)}")
+        if self.kda_bv_tile is not None and (not isinstance(self.kda_bv_tile, int) or self.kda_bv_tile < 1):
+            raise ConfigError(f"kda_bv_tile: must be a positive integer or None, got {self.kda_bv_tile!r}")
+        heads = self.hybrid.kda_num_heads
+        if not isinstance(self.kda_head_split, int) or self.kda_head_split < 1 or heads % self.kda_head_split:
+            raise ConfigError(f"kda_head_split: {self.kda_head_split!r} must divide the {heads} KDA heads")
+
+    def _check_speculative(self) -> None:
+        if self.speculative == "none":
+            self.speculative = None
+        if self.speculative is not None and self.speculative not in SPECULATIVE:
+            raise ConfigError(f"speculative: {self.speculative!r}; choose one of {', '.join(SPECULATIVE)}")
+        if self.rollback not in ROLLBACKS:
+            raise ConfigError(f"rollback: {self.rollback!r}; choose one of {', '.join(ROLLBACKS)}")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ConfigError(f"prompt_lookup_min: {self.prompt_lookup_min} is above prompt_lookup_max "
+                              f"{self.prompt_lookup_max}")
+        if self.rollback_window is not None and self.rollback_window < self.num_speculative_tokens + 1:
+            raise ConfigError(f"rollback_window: {self.rollback_window} cannot hold a verification of "
+                              f"{self.num_speculative_tokens} drafts + 1; use at least {self.num_speculative_tokens + 1}")
+
+    def resolved_rollback_window(self) -> int:
+        """Tokens one rollback covers: rollback_window, or the drafts plus the token they follow."""
+        return self.rollback_window or self.num_speculative_tokens + 1
 
     def layer_kv_dtypes(self, num_attention_layers: int) -> list[str]:
         """The KV dtype of each attention layer ("auto" resolved later to the model dtype)."""

@@ -132,6 +132,7 @@ class KDAStateCache:
 
     def __init__(self, num_layers: int, num_slots: int, num_heads: int, dk: int, dv: int) -> None:
         self.states = [torch.zeros(num_slots, num_heads, dk, dv) for _ in range(num_layers)]
+        self.rollback = None  # speculative decoding: a SnapshotRollback or ReplayRollback over these states
 
     def reset(self, slots: list[int]) -> None:
         """Zero the states of newly assigned slots."""
@@ -139,3 +140,5 @@ class KDAStateCache:
             index = torch.tensor(slots)
             for s in self.states:
                 s.index_fill_(0, index, 0.0)
+            if self.rollback is not None:
+                self.rollback.reset(slots)

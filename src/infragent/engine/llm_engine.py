@@ -23,6 +23,8 @@ from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import RequestError, SamplingParams
 from infragent.engine.scheduler import ScheduledBatch, Scheduler
+from infragent.engine.spec_decode.ngram import propose_ngram
+from infragent.engine.spec_decode.rollback import ReplayRollback, SnapshotRollback
 from infragent.engine.sequence import Sequence, SequenceStatus
 from infragent.engine.state_slots import StateSlots
 from infragent.engine.tokenizer import Tokenizer
@@ -52,6 +54,7 @@ class LLMEngine:
         self.spec = spec
         self.model = DecoderModel(spec, weights, config.torch_dtype)
         self.model.use_gemm(make_gemm(config.gemm))
+        self.model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
         del weights
         self.max_model_len = config.max_model_len or min(spec.max_position_embeddings, 4096)
         if self.max_model_len > spec.max_position_embeddings:
@@ -69,7 +72,11 @@ class LLMEngine:
         self.kda_states = (KDAStateCache(spec.num_kda_layers, config.max_num_seqs, spec.kda_num_heads,
                                          spec.kda_head_k_dim, spec.kda_head_v_dim) if self.slots else None)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size,
+                                  speculative=config.speculative is not None)
+        if config.speculative is not None and self.kda_states is not None:
+            rollback = ReplayRollback if config.rollback == "replayssm" else SnapshotRollback
+            self.kda_states.rollback = rollback(self.kda_states.states, config.resolved_rollback_window())
         self.kv_store = KVStore() if config.kv_transfer else None
         self.kv_transfer = KVTransfer(self.kv_store) if self.kv_store is not None else None
         self.kv_cache.transfer = self.kv_transfer
@@ -171,6 +178,9 @@ class LLMEngine:
             return self._step()
 
     def _step(self) -> StepUpdate:
+        if self.config.speculative is not None:
+            with span("draft"):
+                self._draft()
         with span("schedule"):
             batch = self.scheduler.schedule()
         if not batch:
@@ -185,26 +195,45 @@ class LLMEngine:
         with span("detokenize", seqs=len(sampled)):
             return self._advance(batch, sampled, now)
 
-    def _advance(self, batch: ScheduledBatch, sampled: dict[int, int], now: float) -> StepUpdate:
-        """Move each scheduled sequence forward: count computed tokens, append samples, detokenize, stop."""
+    def _advance(self, batch: ScheduledBatch, sampled: dict[int, list[int]], now: float) -> StepUpdate:
+        """Move each scheduled sequence forward: count computed tokens, append samples, detokenize, stop.
+
+        A verification computed the last token and its drafts, but only the accepted ones count: the
+        sequence's block table is cut back to them (the rejected drafts' KV is garbage past the end)."""
         updated, finished = [], []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += n
+            tokens = sampled.get(seq.seq_id)
+            verified = self.runner.speculative and seq.num_computed_tokens == len(seq) - 1
+            seq.num_computed_tokens += len(tokens) if verified and tokens else n
+            seq.draft_token_ids = []
+            if verified:
+                self.blocks.truncate(seq, seq.num_computed_tokens)
             self.blocks.register_full_blocks(seq)
-            token = sampled.get(seq.seq_id)
-            if token is None:
+            if not tokens:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            seq.output_token_ids.append(token)
-            seq.text += seq.detokenizer.add(token)
             updated.append(seq)
-            reason = self._stop_reason(seq, token)
-            if reason:
-                seq.finish_reason, seq.finish_time = reason, now
-                self.scheduler.finish(seq)
-                finished.append(seq)
+            for token in tokens:
+                seq.output_token_ids.append(token)
+                seq.text += seq.detokenizer.add(token)
+                reason = self._stop_reason(seq, token)
+                if reason:
+                    seq.finish_reason, seq.finish_time = reason, now
+                    self.scheduler.finish(seq)
+                    finished.append(seq)
+                    break
         return StepUpdate(updated, finished)
+
+    def _draft(self) -> None:
+        """Propose drafts for every running greedy sequence past its prompt (n-gram prompt lookup)."""
+        cfg = self.config
+        for seq in self.scheduler.running:
+            if seq.num_computed_tokens != len(seq) - 1 or not seq.params.greedy:
+                continue
+            room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq)) - 1
+            seq.draft_token_ids = propose_ngram(seq.token_ids, min(cfg.num_speculative_tokens, room),
+                                                cfg.prompt_lookup_max, cfg.prompt_lookup_min)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

@@ -6,6 +6,7 @@ import torch
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.sampling import sample
+from infragent.engine.spec_decode.verify import accept_greedy
 from infragent.engine.scheduler import ScheduledBatch
 from infragent.engine.sequence import Sequence
 from infragent.engine.state_slots import StateSlots
@@ -17,21 +18,28 @@ class ModelRunner:
     """Owns the model and its caches; one call to run() is one engine step."""
 
     def __init__(self, model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | None,
-                 slots: StateSlots | None, block_size: int) -> None:
+                 slots: StateSlots | None, block_size: int, speculative: bool = False) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.kda_states = kda_states
         self.slots = slots
         self.block_size = block_size
         self.paged = kv_cache.layout == "paged"
+        # speculative: every sequence past its prompt runs as a verification (its drafts may be none)
+        self.speculative = speculative
+        self.verify_rows: list[tuple[Sequence, int, int]] = []  # this step's verifications: (seq, row, rows)
+        self.spec_stats = {"verifications": 0, "drafted": 0, "accepted": 0}  # since the engine started
         self.prompt_rows: list[tuple[Sequence, int, int, int]] = []  # this step's rows kept as prompt logprobs
 
     def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[Sequence]]:
         """Flatten the batch (decodes first) and build the metadata every layer reads."""
-        order = sorted(range(len(batch.seqs)), key=lambda i: batch.num_new_tokens[i] != 1)
+        verifying = [self.speculative and s.num_computed_tokens == len(s) - 1 for s in batch.seqs]
+        decoding = [n == 1 and not v for n, v in zip(batch.num_new_tokens, verifying)]
+        order = sorted(range(len(batch.seqs)), key=lambda i: not decoding[i])
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_new_tokens[i] for i in order]
-        num_decodes = sum(1 for n in counts if n == 1)
+        num_decodes = sum(decoding)
+        self.verify_rows = []
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -40,18 +48,20 @@ class ModelRunner:
         logits_rows: list[int] = []
         sampled_seqs: list[Sequence] = []
         self.prompt_rows = []  # (seq, first row, rows, first position)
-        for seq, n in zip(seqs, counts):
+        for seq, n, verify in zip(seqs, counts, (verifying[i] for i in order)):
             start, row, table = seq.num_computed_tokens, len(input_ids), seq.block_table
-            input_ids.extend(seq.token_ids[start:start + n])
+            input_ids.extend((seq.token_ids + seq.draft_token_ids)[start:start + n])
             positions.extend(range(start, start + n))
             slot_blocks.extend(table[p // bs] for p in range(start, start + n))
-            if n > 1:
+            if n > 1 or verify:
                 # a lossy KV layer's attention reads the chunk back from the cache, so it needs the blocks
                 context = torch.tensor(table) if self.paged and (start or self.kv_cache.any_lossy) else None
-                prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot))
+                prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot, verify))
             if seq.params.prompt_logprobs and start < len(seq.prompt_token_ids):
                 self.prompt_rows.append((seq, row, min(n, len(seq.prompt_token_ids) - start), start))
-            if start + n == len(seq):
+            if verify:
+                self.verify_rows.append((seq, row, n))
+            elif start + n == len(seq):
                 logits_rows.append(row + n - 1)
                 sampled_seqs.append(seq)
         position_tensor = torch.tensor(positions)
@@ -82,21 +92,45 @@ class ModelRunner:
             inputs.decode_state_slots = torch.tensor([s.state_slot for s in seqs])
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> dict[int, int]:
-        """Compute one step; return {seq_id: sampled token} for sequences that reached their last token."""
+    def run(self, batch: ScheduledBatch) -> dict[int, list[int]]:
+        """Compute one step; return {seq_id: new tokens} for sequences that reached their last token (one
+        token, or for a verification the accepted drafts and the token after them)."""
         with span("prepare", seqs=len(batch.seqs)):
             inputs, sampled_seqs = self.prepare(batch)
             if self.kda_states is not None and self.slots is not None:
                 self.kda_states.reset(self.slots.take_fresh())
         tokens = len(inputs.input_ids)
-        phase = "decode" if inputs.num_decodes == tokens else "prefill"  # a step with any prefill is a prefill step
+        # a step with any prompt chunk is a prefill step; verifications are decodes
+        phase = "prefill" if any(not c.verify for c in inputs.prefills) else "decode"
         with span(phase, tokens=tokens, decodes=inputs.num_decodes, prefill_tokens=tokens - inputs.num_decodes):
             hidden = self.model.forward(inputs, self.kv_cache, self.kda_states)
         for seq, row, n, position in self.prompt_rows:  # a recomputed (preempted) prefix overwrites its rows
             seq.prompt_logprobs[position] = torch.log_softmax(self.model.logits(hidden[row:row + n]), dim=-1)
-        if not sampled_seqs:
-            return {}
-        with span("sample", seqs=len(sampled_seqs)):
-            logits = self.model.logits(hidden.index_select(0, inputs.logits_rows))
-            tokens_out = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs])
-        return {s.seq_id: t for s, t in zip(sampled_seqs, tokens_out)}
+        out: dict[int, list[int]] = {}
+        if sampled_seqs:
+            with span("sample", seqs=len(sampled_seqs)):
+                logits = self.model.logits(hidden.index_select(0, inputs.logits_rows))
+                tokens_out = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs])
+            out = {s.seq_id: [t] for s, t in zip(sampled_seqs, tokens_out)}
+        if self.verify_rows:
+            with span("verify", seqs=len(self.verify_rows)):
+                out.update(self._verify(hidden))
+        return out
+
+    def _verify(self, hidden: torch.Tensor) -> dict[int, list[int]]:
+        """Accept each verification's drafts greedily; KDA state keeps only the accepted tokens."""
+        out = {}
+        for seq, row, n in self.verify_rows:
+            logits = self.model.logits(hidden[row:row + n])
+            drafts = seq.draft_token_ids[:n - 1]
+            if drafts:
+                tokens = accept_greedy(logits, drafts)
+                self.spec_stats["drafted"] += len(drafts)
+                self.spec_stats["accepted"] += len(tokens) - 1
+            else:  # nothing drafted (or no room): an ordinary decode of the last row, any sampling
+                tokens = sample(logits[-1:], [seq.params], [seq.generator])
+            if self.kda_states is not None and self.kda_states.rollback is not None:
+                self.kda_states.rollback.commit(seq.state_slot, len(tokens))
+            out[seq.seq_id] = tokens
+        self.spec_stats["verifications"] += len(self.verify_rows)
+        return out

@@ -94,6 +94,7 @@ class Scheduler:
             self.slots.free_seq(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
+        seq.draft_token_ids = []
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)

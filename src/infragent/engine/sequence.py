@@ -42,6 +42,7 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     generator: torch.Generator | None = None
+    draft_token_ids: list[int] = field(default_factory=list)  # this step's speculative tokens, not yet accepted
     prompt_logprobs: dict[int, torch.Tensor] = field(default_factory=dict)  # first position → [n, vocab] rows
     seq_id: int = field(default_factory=lambda: next(_ids))
 
@@ -61,5 +62,6 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        """Tokens whose KV/state is not yet in the cache (prompt remainder, or the last sampled token)."""
-        return len(self) - self.num_computed_tokens
+        """Tokens whose KV/state is not yet in the cache (prompt remainder, or the last sampled token and
+        this step's drafts)."""
+        return len(self) - self.num_computed_tokens + len(self.draft_token_ids)

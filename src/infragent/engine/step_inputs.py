@@ -16,6 +16,7 @@ class PrefillChunk:
     context_blocks: torch.Tensor | None  # block table covering the context, when context_start > 0 (paged)
     region: int  # the sequence's region (contiguous layout) / first block
     state_slot: int | None  # KDA state slot
+    verify: bool = False  # the last sampled token and its drafts (speculative decoding): KDA keeps a rollback
 
 
 @dataclass

@@ -21,7 +21,9 @@ SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--ma
                "max_model_len": "--max-model-len", "block_size": "--block-size", "kv_cache_gb": "--kv-cache-gb",
                "num_threads": "--threads", "kv_layout": "--kv-layout", "gemm": "--gemm",
                "kv_cache_dtype": "--kv-cache-dtype", "kv_cache_dtypes": "--kv-cache-dtypes",
-               "quantization": "--quantization", "smoothquant_alpha": "--smoothquant-alpha"}
+               "quantization": "--quantization", "smoothquant_alpha": "--smoothquant-alpha",
+               "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
+               "rollback": "--rollback"}
 
 
 def flag_value(name: str, value: str) -> Any:

@@ -53,6 +53,12 @@ class DecoderModel:
             sites += [(mixer, name) for name in names] + [(mlp, "gate_up"), (mlp, "down")]
         return sites
 
+    def use_kda_decode(self, impl: str, bv_tile: int | None, head_split: int) -> None:
+        """Set every KDA layer's decode-step implementation and tiling."""
+        for _, mixer, _, _ in self.layers:
+            if isinstance(mixer, KDA):
+                mixer.use_decode(impl, bv_tile, head_split)
+
     def use_gemm(self, gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> None:
         """Route every layer's projections (not the LM head) through gemm (None: torch.mm)."""
         for owner, name in self.projections():

@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch
 
 from infragent.engine.kv_cache import KDAStateCache
-from infragent.engine.models.kda_ops import kda_chunked, kda_decode_step, kda_gate
+from functools import partial
+
+from infragent.engine.models.kda_ops import kda_chunked, kda_decode_reference, kda_decode_step, kda_gate
 from infragent.engine.models.layers import Linear, rms_norm
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
@@ -26,6 +28,14 @@ class KDA:
         self.eps = rms_eps
         self.chunk_size = chunk_size
         self.state_layer = state_layer
+        self.decode_step = kda_decode_step
+
+    def use_decode(self, impl: str, bv_tile: int | None, head_split: int) -> None:
+        """Choose the decode-step implementation (vectorized with tiling knobs, or the reference loop)."""
+        if impl == "reference":
+            self.decode_step = kda_decode_reference
+        else:
+            self.decode_step = partial(kda_decode_step, bv_tile=bv_tile, head_split=head_split)
 
     def __call__(self, x: torch.Tensor, inputs: StepInputs, states: KDAStateCache) -> torch.Tensor:
         tokens = x.shape[0]
@@ -41,11 +51,16 @@ class KDA:
             slots = inputs.decode_state_slots
             with span("kda.state_gather", layer=self.state_layer, seqs=nd):
                 step_state = state.index_select(0, slots)
-            out[:nd] = kda_decode_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], step_state)
+            out[:nd] = self.decode_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], step_state)
             with span("kda.state_scatter", layer=self.state_layer, seqs=nd):
                 state.index_copy_(0, slots, step_state)
         for chunk in inputs.prefills:
             rows = slice(chunk.start, chunk.start + chunk.length)
+            if chunk.verify:  # token by token, keeping what a rollback of rejected drafts needs
+                with span("kda.verify", layer=self.state_layer, tokens=chunk.length):
+                    out[rows] = states.rollback.verify(self.state_layer, chunk.state_slot, q[rows], k[rows],
+                                                       v[rows], g[rows], beta[rows])
+                continue
             initial = state[chunk.state_slot] if chunk.context_start else None
             out[rows], final = kda_chunked(q[rows], k[rows], v[rows], g[rows], beta[rows],
                                            initial_state=initial, chunk_size=self.chunk_size)

@@ -7,6 +7,8 @@ q and k are L2-normalized (fp32) and q is scaled by dk**-0.5 unless told otherwi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -57,6 +59,36 @@ def kda_recurrent(
     normalize_qk: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Token-by-token KDA over one sequence: q,k [T,H,dk], v [T,H,dv] -> (o [T,H,dv], state [H,dk,dv])."""
+    steps = kda_steps(q, k, v, g, beta, initial_state, scale, normalize_qk)
+    return steps.o, steps.state
+
+
+@dataclass
+class KDASteps:
+    """A token-by-token run and what it can record for a rollback: each token's normalized key, its
+    beta-scaled delta u = beta (v - S^T k), its log-decay g, and the state after each token."""
+
+    o: Tensor  # [T,H,dv], v's dtype
+    state: Tensor  # [H,dk,dv] after the last token
+    k: Tensor  # [T,H,dk] fp32, normalized as used in the update
+    g: Tensor  # [T,H,dk] fp32
+    u: Tensor | None = None  # [T,H,dv] fp32 (record_inputs)
+    states: Tensor | None = None  # [T,H,dk,dv] (record_states): the state after token t
+
+
+def kda_steps(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    initial_state: Tensor | None = None,
+    scale: float | None = None,
+    normalize_qk: bool = True,
+    record_inputs: bool = False,
+    record_states: bool = False,
+) -> KDASteps:
+    """kda_recurrent that also records what a rollback needs (initial_state is never modified)."""
     T, H, dk = k.shape
     dv = v.shape[-1]
     q32, k32 = _prep_qk(q, k, scale, normalize_qk)
@@ -67,14 +99,29 @@ def kda_recurrent(
     q_row, k_row, k_col = q32.unsqueeze(2), k32.unsqueeze(2), k32.unsqueeze(3)
     v_row = v32.unsqueeze(2)
     o = torch.empty(T, H, 1, dv, dtype=torch.float32, device=k.device)
-    u = torch.empty(H, 1, dv, dtype=torch.float32, device=k.device)
+    us = torch.empty(T, H, 1, dv, dtype=torch.float32, device=k.device)
+    states = torch.empty(T, H, dk, dv, dtype=torch.float32, device=k.device) if record_states else None
     for t in range(T):
+        u = us[t]
         S.mul_(decay[t])
         torch.bmm(k_row[t], S, out=u)
         torch.sub(v_row[t], u, out=u).mul_(b32[t])
         S.baddbmm_(k_col[t], u)
         torch.bmm(q_row[t], S, out=o[t])
-    return o.squeeze(2).to(v.dtype), S
+        if states is not None:
+            states[t].copy_(S)
+    return KDASteps(o.squeeze(2).to(v.dtype), S, k32, g.float(), us.squeeze(2) if record_inputs else None, states)
+
+
+def kda_replay(state: Tensor, k: Tensor, u: Tensor, g: Tensor) -> Tensor:
+    """The state after n recorded tokens, in closed form from the state before them (ReplaySSM):
+    S_n = exp(G_n) S_0 + sum_j exp(G_n - G_j) k_j u_j^T with G_j = g_1 + ... + g_j (per key channel).
+    state [H,dk,dv]; k, g [n,H,dk]; u [n,H,dv] -> [H,dk,dv] (a new tensor)."""
+    if k.shape[0] == 0:
+        return state.clone()
+    G = g.cumsum(0)
+    weighted = (G[-1] - G).exp_().mul_(k)  # exp(G_n - G_j) k_j, <= |k_j| since g <= 0
+    return torch.einsum("nhk,nhv->hkv", weighted, u).addcmul_(G[-1].exp().unsqueeze(-1), state)
 
 
 def _to_chunks(x: Tensor, N: int, C: int) -> Tensor:
@@ -214,24 +261,80 @@ def kda_decode_step(
     state: Tensor,
     scale: float | None = None,
     normalize_qk: bool = True,
+    bv_tile: int | None = None,
+    head_split: int = 1,
 ) -> Tensor:
     """One token for B sequences: q,k [B,H,dk], v [B,H,dv] -> o [B,H,dv]; state [B,H,dk,dv] updated in place.
 
-    The state must be contiguous fp32 (it is viewed, never copied).
+    Tiling knobs (the surfaces a tuner changes): head_split runs the heads in that many groups, bv_tile runs
+    the value dimension in tiles of that width. The FP32 normalization and gate are computed once per call,
+    whatever the tiling; each (head group, V tile) updates its own slice of the state. The state must be
+    contiguous fp32 (it is viewed, never copied).
     """
     B, H, dk = k.shape
     dv = v.shape[-1]
     if state.dtype != torch.float32 or not state.is_contiguous():
         raise ValueError("kda_decode_step needs a contiguous fp32 state")
-    BH = B * H
-    S = state.view(BH, dk, dv)
+    if H % head_split:
+        raise ValueError(f"head_split: {head_split} does not divide {H} heads")
     qk = torch.stack((q, k), dim=2).float()  # [B,H,2,dk]
     if normalize_qk:
         qk.mul_(torch.linalg.vecdot(qk, qk).add_(1e-6).rsqrt_().unsqueeze_(-1))
-    k32 = qk[:, :, 1]
-    state.mul_(g.float().exp().unsqueeze_(-1))
-    u = torch.bmm(k32.reshape(BH, 1, dk), S)
-    torch.sub(v.reshape(BH, 1, dv), u, out=u).mul_(beta.reshape(BH, 1, 1))
-    S.baddbmm_(k32.reshape(BH, dk, 1), u)
-    o = torch.bmm(qk[:, :, 0].reshape(BH, 1, dk), S).view(B, H, dv)
-    return o.mul_(dk**-0.5 if scale is None else scale).to(v.dtype)
+    decay = g.float().exp().unsqueeze_(-1)  # [B,H,dk,1]
+    v32, b32 = v.float(), beta.float()
+    out = torch.empty(B, H, dv, dtype=torch.float32, device=v.device)
+    if head_split == 1 and (bv_tile is None or bv_tile >= dv):
+        _decode_tile(qk, decay, v32, b32, state, out)
+    else:
+        group, tile = H // head_split, bv_tile or dv
+        for h0 in range(0, H, group):
+            heads = slice(h0, h0 + group)
+            for v0 in range(0, dv, tile):
+                cols = slice(v0, min(v0 + tile, dv))
+                _decode_tile(qk[:, heads], decay[:, heads], v32[:, heads, cols], b32[:, heads],
+                             state[:, heads, :, cols], out[:, heads, cols])
+    return out.mul_(dk**-0.5 if scale is None else scale).to(v.dtype)
+
+
+def _decode_tile(qk: Tensor, decay: Tensor, v: Tensor, beta: Tensor, S: Tensor, out: Tensor) -> None:
+    """The recurrence on one (head group, V tile): S [B,h,dk,w], a view of the state, is updated in place;
+    out [B,h,w] receives S^T q (unscaled)."""
+    B, h, dk, w = S.shape
+    flat = S.reshape(B * h, dk, w)  # a view when S is contiguous, else a copy written back below
+    flat.mul_(decay.reshape(B * h, dk, 1))
+    k32 = qk[:, :, 1].reshape(B * h, 1, dk)
+    u = torch.bmm(k32, flat)
+    torch.sub(v.reshape(B * h, 1, w), u, out=u).mul_(beta.reshape(B * h, 1, 1))
+    flat.baddbmm_(k32.transpose(1, 2), u)
+    out.copy_(torch.bmm(qk[:, :, 0].reshape(B * h, 1, dk), flat).view(B, h, w))
+    if not S.is_contiguous():
+        S.copy_(flat.view(B, h, dk, w))
+
+
+def kda_decode_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    scale: float | None = None,
+    normalize_qk: bool = True,
+) -> Tensor:
+    """kda_decode_step as a plain loop over sequences and heads (the readable reference)."""
+    B, H, dk = k.shape
+    scale = dk**-0.5 if scale is None else scale
+    out = torch.empty(B, H, v.shape[-1], dtype=torch.float32)
+    for b in range(B):
+        for h in range(H):
+            qv, kv = (l2_normalize(q[b, h]), l2_normalize(k[b, h])) if normalize_qk else (q[b, h].float(),
+                                                                                         k[b, h].float())
+            S = state[b, h] * g[b, h].float().exp().unsqueeze(-1)
+            u = beta[b, h].float() * (v[b, h].float() - S.t() @ kv)
+            S = S + torch.outer(kv, u)
+            state[b, h] = S
+            out[b, h] = S.t() @ qv * scale
+    return out.to(v.dtype)
+
+
+KDA_DECODE_IMPLS = ("vectorized", "reference")
