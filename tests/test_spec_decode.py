@@ -90,7 +90,7 @@ def test_hybrid_greedy_outputs_are_unchanged_by_speculation(rollback):
     # a small token budget makes verifications share steps with chunked prefills and get cut short
     plain, _ = _generate("hybrid", REPETITIVE, GREEDY, max_num_batched_tokens=24)
     spec, stats = _generate("hybrid", REPETITIVE, GREEDY, max_num_batched_tokens=24, speculative="ngram",
-                            num_speculative_tokens=3, rollback=rollback)
+                            num_speculative_tokens=3, rollback=rollback, prompt_lookup_min=1)
     assert spec == plain
     assert stats["accepted"] > 0 and stats["drafted"] > stats["accepted"]  # some accepted, some rolled back
 
@@ -98,7 +98,7 @@ def test_hybrid_greedy_outputs_are_unchanged_by_speculation(rollback):
 def test_replayssm_with_a_longer_ring_folds_and_still_matches():
     plain, _ = _generate("hybrid", REPETITIVE, GREEDY)
     spec, stats = _generate("hybrid", REPETITIVE, GREEDY, speculative="ngram", num_speculative_tokens=2,
-                            rollback="replayssm", rollback_window=7)
+                            rollback="replayssm", rollback_window=7, prompt_lookup_min=1)
     assert spec == plain and stats["accepted"] > 0
 
 
@@ -134,3 +134,12 @@ def test_replayssm_rollback_state_is_under_a_quarter_of_the_snapshots_at_window_
     assert sizes["snapshot"] == layers * 4 * cfg.kda_num_heads * cfg.kda_head_k_dim * cfg.kda_head_v_dim * 4
     assert sizes["replayssm"] == layers * 4 * cfg.kda_num_heads * (2 * cfg.kda_head_k_dim + cfg.kda_head_v_dim + 1) * 4
     assert sizes["replayssm"] <= sizes["snapshot"] / 4
+
+
+def test_draft_model_of_the_first_layers_keeps_outputs_unchanged():
+    plain, _ = _generate("hybrid", REPETITIVE, GREEDY)
+    spec, stats = _generate("hybrid", REPETITIVE, GREEDY, speculative="draft", draft_layers=2, draft_window=32,
+                            rollback="replayssm")
+    assert spec == plain and stats["drafted"] > 0 and stats["accepted"] > 0
+    with pytest.raises(ConfigError, match="draft_layers: 8 is not fewer"):
+        LLM(model="hybrid", hybrid=SMALL, kv_cache_gb=0.05, max_model_len=512, speculative="draft", draft_layers=8)

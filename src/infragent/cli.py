@@ -25,8 +25,8 @@ SMOOTHQUANT_ALPHA = typer.Option(None, "--smoothquant-alpha", help="w8a8: Smooth
                                  "(0-1, e.g. 0.5), calibrated on held-out text at start-up.")
 
 
-SPECULATIVE = typer.Option(None, "--speculative", help="ngram: draft by prompt lookup, verify greedily in one "
-                           "forward (greedy requests; outputs unchanged).")
+SPECULATIVE = typer.Option(None, "--speculative", help="ngram (prompt lookup) or draft (the model's first 2 "
+                           "layers): drafts verified greedily in one forward (greedy requests; outputs unchanged).")
 NUM_SPECULATIVE_TOKENS = typer.Option(3, "--num-speculative-tokens", help="Drafts per step (K).")
 ROLLBACK = typer.Option("snapshot", "--rollback", help="KDA state after rejected drafts: snapshot (state per "
                         "draft) or replayssm (per-token inputs replayed from a checkpoint).")
@@ -274,6 +274,10 @@ def serve(
     speculative: Optional[str] = SPECULATIVE,
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
     rollback: str = ROLLBACK,
+    kda_decode_impl: str = typer.Option("vectorized", "--kda-decode-impl", help="KDA decode step: vectorized or "
+                                        "reference (loop)."),
+    kda_bv_tile: Optional[int] = typer.Option(None, "--kda-bv-tile", help="KDA decode: V tile width."),
+    kda_head_split: int = typer.Option(1, "--kda-head-split", help="KDA decode: head groups."),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json
@@ -288,7 +292,8 @@ def serve(
                               num_threads=threads, kv_layout=kv_layout, gemm=gemm, kv_transfer=kv_transfer,
                               hybrid=hybrid, **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization,
                                                             smoothquant_alpha),
-                              **_spec_knobs(speculative, num_speculative_tokens, rollback))
+                              **_spec_knobs(speculative, num_speculative_tokens, rollback),
+                              kda_decode_impl=kda_decode_impl, kda_bv_tile=kda_bv_tile, kda_head_split=kda_head_split)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info")
     except (ConfigError, FileNotFoundError) as err:

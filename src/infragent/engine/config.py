@@ -12,7 +12,7 @@ KV_LAYOUTS = ("paged", "contiguous")
 GEMMS = ("torch", "blas", "blas-gil-held")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp8", "int8")  # auto: the model's dtype
 QUANTIZATIONS = ("w8a8", "int8-weight")
-SPECULATIVE = ("ngram",)  # prompt lookup
+SPECULATIVE = ("ngram", "draft")  # prompt lookup, or the model's own first layers as a draft model
 ROLLBACKS = ("snapshot", "replayssm")
 
 
@@ -73,7 +73,9 @@ class EngineConfig:
     speculative: str | None = None  # ngram: draft by prompt lookup, verify greedily in one forward
     num_speculative_tokens: int = 3
     prompt_lookup_max: int = 4  # longest tail n-gram the drafter looks up
-    prompt_lookup_min: int = 1
+    prompt_lookup_min: int = 2  # a single repeated token is weak evidence: most such drafts are rejected
+    draft_layers: int = 2  # speculative draft: the target's first layers (+ final norm and LM head)
+    draft_window: int = 64  # tokens the draft model re-reads per draft token (it keeps no cache)
     rollback: str = "snapshot"  # KDA state after rejected drafts: snapshot per token, or replayssm
     rollback_window: int | None = None  # tokens a rollback covers (ReplaySSM ring length); None: drafts + 1
     hybrid: HybridConfig = field(default_factory=HybridConfig)
@@ -141,7 +143,8 @@ class EngineConfig:
             raise ConfigError(f"speculative: {self.speculative!r}; choose one of {', '.join(SPECULATIVE)}")
         if self.rollback not in ROLLBACKS:
             raise ConfigError(f"rollback: {self.rollback!r}; choose one of {', '.join(ROLLBACKS)}")
-        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "draft_layers",
+                     "draft_window"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:

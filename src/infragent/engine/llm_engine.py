@@ -23,6 +23,7 @@ from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import RequestError, SamplingParams
 from infragent.engine.scheduler import ScheduledBatch, Scheduler
+from infragent.engine.spec_decode.draft_model import DraftModel
 from infragent.engine.spec_decode.ngram import propose_ngram
 from infragent.engine.spec_decode.rollback import ReplayRollback, SnapshotRollback
 from infragent.engine.sequence import Sequence, SequenceStatus
@@ -74,6 +75,13 @@ class LLMEngine:
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
         self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size,
                                   speculative=config.speculative is not None)
+        self.draft_model = None
+        if config.speculative == "draft":
+            if config.draft_layers >= spec.num_layers:
+                raise ConfigError(f"draft_layers: {config.draft_layers} is not fewer than the model's "
+                                  f"{spec.num_layers} layers; a draft model must be smaller")
+            self.draft_model = DraftModel(self.model, config.draft_layers, config.draft_window,
+                                          config.num_speculative_tokens)
         if config.speculative is not None and self.kda_states is not None:
             rollback = ReplayRollback if config.rollback == "replayssm" else SnapshotRollback
             self.kda_states.rollback = rollback(self.kda_states.states, config.resolved_rollback_window())
@@ -226,14 +234,17 @@ class LLMEngine:
         return StepUpdate(updated, finished)
 
     def _draft(self) -> None:
-        """Propose drafts for every running greedy sequence past its prompt (n-gram prompt lookup)."""
+        """Propose drafts for every running greedy sequence past its prompt (n-gram lookup or draft model)."""
         cfg = self.config
         for seq in self.scheduler.running:
             if seq.num_computed_tokens != len(seq) - 1 or not seq.params.greedy:
                 continue
             room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq)) - 1
-            seq.draft_token_ids = propose_ngram(seq.token_ids, min(cfg.num_speculative_tokens, room),
-                                                cfg.prompt_lookup_max, cfg.prompt_lookup_min)
+            k = min(cfg.num_speculative_tokens, room)
+            if self.draft_model is not None:
+                seq.draft_token_ids = self.draft_model.propose(seq.token_ids, k) if k > 0 else []
+            else:
+                seq.draft_token_ids = propose_ngram(seq.token_ids, k, cfg.prompt_lookup_max, cfg.prompt_lookup_min)
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params

@@ -32,64 +32,72 @@ class ModelRunner:
         self.prompt_rows: list[tuple[Sequence, int, int, int]] = []  # this step's rows kept as prompt logprobs
 
     def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[Sequence]]:
-        """Flatten the batch (decodes first) and build the metadata every layer reads."""
+        """Flatten the batch (decodes, then verifications, then prompt chunks) and build the metadata every
+        layer reads. Attention runs a verification's rows as decodes, each row seeing the context up to its
+        own position; KDA runs them token by token with a rollback (inputs.verifies)."""
         verifying = [self.speculative and s.num_computed_tokens == len(s) - 1 for s in batch.seqs]
-        decoding = [n == 1 and not v for n, v in zip(batch.num_new_tokens, verifying)]
-        order = sorted(range(len(batch.seqs)), key=lambda i: not decoding[i])
-        seqs = [batch.seqs[i] for i in order]
-        counts = [batch.num_new_tokens[i] for i in order]
-        num_decodes = sum(decoding)
-        self.verify_rows = []
+        kind = [1 if v else 0 if n == 1 else 2 for n, v in zip(batch.num_new_tokens, verifying)]
+        order = sorted(range(len(batch.seqs)), key=lambda i: kind[i])
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
         slot_blocks: list[int] = []
         prefills: list[PrefillChunk] = []
+        verifies: list[PrefillChunk] = []
+        decode_rows: list[tuple[Sequence, int]] = []  # (seq, context length) of each attention decode row
         logits_rows: list[int] = []
         sampled_seqs: list[Sequence] = []
+        self.verify_rows = []
         self.prompt_rows = []  # (seq, first row, rows, first position)
-        for seq, n, verify in zip(seqs, counts, (verifying[i] for i in order)):
+        for i in order:
+            seq, n = batch.seqs[i], batch.num_new_tokens[i]
             start, row, table = seq.num_computed_tokens, len(input_ids), seq.block_table
             input_ids.extend((seq.token_ids + seq.draft_token_ids)[start:start + n])
             positions.extend(range(start, start + n))
             slot_blocks.extend(table[p // bs] for p in range(start, start + n))
-            if n > 1 or verify:
+            if kind[i] < 2:
+                decode_rows += [(seq, p + 1) for p in range(start, start + n)]
+            if kind[i] == 1:
+                verifies.append(PrefillChunk(row, n, start, None, table[0], seq.state_slot))
+                self.verify_rows.append((seq, row, n))
+                continue
+            if kind[i] == 2:
                 # a lossy KV layer's attention reads the chunk back from the cache, so it needs the blocks
                 context = torch.tensor(table) if self.paged and (start or self.kv_cache.any_lossy) else None
-                prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot, verify))
+                prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot))
             if seq.params.prompt_logprobs and start < len(seq.prompt_token_ids):
                 self.prompt_rows.append((seq, row, min(n, len(seq.prompt_token_ids) - start), start))
-            if verify:
-                self.verify_rows.append((seq, row, n))
-            elif start + n == len(seq):
+            if start + n == len(seq):
                 logits_rows.append(row + n - 1)
                 sampled_seqs.append(seq)
         position_tensor = torch.tensor(positions)
         inputs = StepInputs(
             input_ids=torch.tensor(input_ids), positions=position_tensor, slot_blocks=torch.tensor(slot_blocks),
-            slot_offsets=position_tensor % bs, num_decodes=num_decodes, decode_blocks=None, decode_regions=None,
-            decode_mask=None, decode_context_len=0, decode_state_slots=None, prefills=prefills,
-            logits_rows=torch.tensor(logits_rows, dtype=torch.long))
-        if num_decodes:
-            self._prepare_decodes(inputs, seqs[:num_decodes])
+            slot_offsets=position_tensor % bs, num_decodes=len(decode_rows), decode_blocks=None,
+            decode_regions=None, decode_mask=None, decode_context_len=0, decode_state_slots=None,
+            prefills=prefills, logits_rows=torch.tensor(logits_rows, dtype=torch.long), verifies=verifies)
+        if decode_rows:
+            self._prepare_decodes(inputs, decode_rows)
         return inputs, sampled_seqs
 
-    def _prepare_decodes(self, inputs: StepInputs, seqs: list[Sequence]) -> None:
-        lengths = torch.tensor([s.num_computed_tokens + 1 for s in seqs])
+    def _prepare_decodes(self, inputs: StepInputs, rows: list[tuple[Sequence, int]]) -> None:
+        """Block tables, padding mask and state slots of the decode rows."""
+        lengths = torch.tensor([length for _, length in rows])
         if self.paged:
             width = -(-int(lengths.max()) // self.block_size)
-            inputs.decode_blocks = torch.tensor([b for s in seqs for b in s.block_table
+            inputs.decode_blocks = torch.tensor([b for s, _ in rows for b in s.block_table[:width]
                                                  + [0] * (width - len(s.block_table))])
             inputs.decode_context_len = width * self.block_size
         else:
-            inputs.decode_regions = torch.tensor([s.block_table[0] for s in seqs])
+            inputs.decode_regions = torch.tensor([s.block_table[0] for s, _ in rows])
             inputs.decode_context_len = int(lengths.max())
         if int(lengths.min()) != inputs.decode_context_len:
             pad = torch.arange(inputs.decode_context_len) >= lengths.unsqueeze(1)
             mask = torch.zeros(pad.shape, dtype=self.model.embed.dtype).masked_fill_(pad, float("-inf"))
             inputs.decode_mask = mask
         if self.slots is not None:
-            inputs.decode_state_slots = torch.tensor([s.state_slot for s in seqs])
+            state_rows = len(rows) - inputs.num_verify_rows
+            inputs.decode_state_slots = torch.tensor([s.state_slot for s, _ in rows[:state_rows]])
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, list[int]]:
@@ -100,8 +108,7 @@ class ModelRunner:
             if self.kda_states is not None and self.slots is not None:
                 self.kda_states.reset(self.slots.take_fresh())
         tokens = len(inputs.input_ids)
-        # a step with any prompt chunk is a prefill step; verifications are decodes
-        phase = "prefill" if any(not c.verify for c in inputs.prefills) else "decode"
+        phase = "prefill" if inputs.prefills else "decode"  # verifications are decodes
         with span(phase, tokens=tokens, decodes=inputs.num_decodes, prefill_tokens=tokens - inputs.num_decodes):
             hidden = self.model.forward(inputs, self.kv_cache, self.kda_states)
         for seq, row, n, position in self.prompt_rows:  # a recomputed (preempted) prefix overwrites its rows
@@ -120,8 +127,9 @@ class ModelRunner:
     def _verify(self, hidden: torch.Tensor) -> dict[int, list[int]]:
         """Accept each verification's drafts greedily; KDA state keeps only the accepted tokens."""
         out = {}
-        for seq, row, n in self.verify_rows:
-            logits = self.model.logits(hidden[row:row + n])
+        rows = torch.cat([torch.arange(row, row + n) for _, row, n in self.verify_rows])
+        all_logits = self.model.logits(hidden.index_select(0, rows)).split([n for _, _, n in self.verify_rows])
+        for (seq, row, n), logits in zip(self.verify_rows, all_logits):
             drafts = seq.draft_token_ids[:n - 1]
             if drafts:
                 tokens = accept_greedy(logits, drafts)

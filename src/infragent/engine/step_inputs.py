@@ -16,7 +16,6 @@ class PrefillChunk:
     context_blocks: torch.Tensor | None  # block table covering the context, when context_start > 0 (paged)
     region: int  # the sequence's region (contiguous layout) / first block
     state_slot: int | None  # KDA state slot
-    verify: bool = False  # the last sampled token and its drafts (speculative decoding): KDA keeps a rollback
 
 
 @dataclass
@@ -35,5 +34,13 @@ class StepInputs:
     decode_state_slots: torch.Tensor | None  # [B] KDA slots
     prefills: list[PrefillChunk] = field(default_factory=list)
     logits_rows: torch.Tensor | None = None  # rows whose next-token logits are needed
+    # speculative decoding: each sequence's last token and drafts, after the plain decodes and counted in
+    # num_decodes (attention runs them as decodes); KDA runs them token by token with a rollback
+    verifies: list[PrefillChunk] = field(default_factory=list)
     rope_cos: torch.Tensor | None = None  # [T, 1, head_dim] rotary tables at this step's positions
     rope_sin: torch.Tensor | None = None
+
+    @property
+    def num_verify_rows(self) -> int:
+        """Rows of the verifications (the last num_verify_rows of the decode rows)."""
+        return sum(v.length for v in self.verifies)

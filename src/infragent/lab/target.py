@@ -23,7 +23,8 @@ SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--ma
                "kv_cache_dtype": "--kv-cache-dtype", "kv_cache_dtypes": "--kv-cache-dtypes",
                "quantization": "--quantization", "smoothquant_alpha": "--smoothquant-alpha",
                "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
-               "rollback": "--rollback"}
+               "rollback": "--rollback", "kda_decode_impl": "--kda-decode-impl", "kda_bv_tile": "--kda-bv-tile",
+               "kda_head_split": "--kda-head-split"}
 
 
 def flag_value(name: str, value: str) -> Any:

@@ -64,12 +64,14 @@ class DecoderModel:
         for owner, name in self.projections():
             getattr(owner, name).gemm = gemm
 
-    def forward(self, inputs: StepInputs, kv_cache: KVCache, kda_states: KDAStateCache | None) -> torch.Tensor:
-        """Hidden states [T, hidden] of every scheduled token; fills the caches as a side effect."""
+    def forward(self, inputs: StepInputs, kv_cache: KVCache, kda_states: KDAStateCache | None,
+                num_layers: int | None = None) -> torch.Tensor:
+        """Hidden states [T, hidden] of every scheduled token after all layers (or the first num_layers: a
+        draft model); fills the caches as a side effect."""
         eps = self.spec.rms_eps
         inputs.rope_cos, inputs.rope_sin = self.rotary.tables(inputs.positions)
         hidden = F.embedding(inputs.input_ids, self.embed)
-        for layer, (norm_in, mixer, norm_post, mlp) in enumerate(self.layers):
+        for layer, (norm_in, mixer, norm_post, mlp) in enumerate(self.layers[:num_layers]):
             x = rms_norm(hidden, norm_in, eps)
             if isinstance(mixer, Attention):
                 with span("attention", layer=layer):

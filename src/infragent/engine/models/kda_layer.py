@@ -46,7 +46,7 @@ class KDA:
         beta = torch.sigmoid(b.float())
         state = states.states[self.state_layer]
         out = torch.empty(tokens, h, dv, dtype=torch.float32)
-        nd = inputs.num_decodes
+        nd = inputs.num_decodes - inputs.num_verify_rows  # plain decodes: one step of the recurrence each
         if nd:
             slots = inputs.decode_state_slots
             with span("kda.state_gather", layer=self.state_layer, seqs=nd):
@@ -54,13 +54,13 @@ class KDA:
             out[:nd] = self.decode_step(q[:nd], k[:nd], v[:nd], g[:nd], beta[:nd], step_state)
             with span("kda.state_scatter", layer=self.state_layer, seqs=nd):
                 state.index_copy_(0, slots, step_state)
+        for chunk in inputs.verifies:  # token by token, keeping what a rollback of rejected drafts needs
+            rows = slice(chunk.start, chunk.start + chunk.length)
+            with span("kda.verify", layer=self.state_layer, tokens=chunk.length):
+                out[rows] = states.rollback.verify(self.state_layer, chunk.state_slot, q[rows], k[rows], v[rows],
+                                                   g[rows], beta[rows])
         for chunk in inputs.prefills:
             rows = slice(chunk.start, chunk.start + chunk.length)
-            if chunk.verify:  # token by token, keeping what a rollback of rejected drafts needs
-                with span("kda.verify", layer=self.state_layer, tokens=chunk.length):
-                    out[rows] = states.rollback.verify(self.state_layer, chunk.state_slot, q[rows], k[rows],
-                                                       v[rows], g[rows], beta[rows])
-                continue
             initial = state[chunk.state_slot] if chunk.context_start else None
             out[rows], final = kda_chunked(q[rows], k[rows], v[rows], g[rows], beta[rows],
                                            initial_state=initial, chunk_size=self.chunk_size)
