@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infragent.probes.precision import (MODES, matmul, matmul_error, ordered_bits, render_matmul_error,
-                                        round_bf16, round_tf32, split, tolerance, ulp_distance)
+from infragent.engine.precision import round_bf16, round_tf32, split
+from infragent.probes.precision import (MODES, matmul, matmul_error, ordered_bits, render_matmul_error, tolerance,
+                                        ulp_distance)
 
 KS = (64, 1024, 4096)
 

@@ -32,6 +32,11 @@ ROLLBACK = typer.Option("snapshot", "--rollback", help="KDA state after rejected
                         "draft) or replayssm (per-token inputs replayed from a checkpoint).")
 
 
+TP = typer.Option(1, "--tp", "--tensor-parallel-size", help="Ranks sharing every layer (processes over gloo).")
+TP_PRECISION = typer.Option("fp32", "--tp-partial-precision", help="Row-parallel partial sums: fp32, reduced "
+                            "(bf16 operands) or 3-pass (bf16x3 split).")
+
+
 def _spec_knobs(speculative: Optional[str], num_speculative_tokens: int, rollback: str) -> dict:
     """EngineConfig fields from the speculative-decoding flags."""
     return {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens, "rollback": rollback}
@@ -68,6 +73,8 @@ def generate(
     speculative: Optional[str] = SPECULATIVE,
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
     rollback: str = ROLLBACK,
+    tp: int = TP,
+    tp_partial_precision: str = TP_PRECISION,
 ) -> None:
     """Print the completion of each prompt (one per line block); errors go to stderr with exit status 2."""
     from infragent.engine.config import ConfigError
@@ -81,11 +88,13 @@ def generate(
         llm = LLM(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   block_size=block_size, dtype=dtype, num_threads=threads,
                   **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha),
-                  **_spec_knobs(speculative, num_speculative_tokens, rollback))
+                  **_spec_knobs(speculative, num_speculative_tokens, rollback),
+                  tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision)
         if chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
         else:
             outputs = llm.generate(list(prompts), params)
+        llm.close()
     except (ConfigError, RequestError, FileNotFoundError) as err:
         _fail(str(err))
         return
@@ -274,6 +283,8 @@ def serve(
     speculative: Optional[str] = SPECULATIVE,
     num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
     rollback: str = ROLLBACK,
+    tp: int = TP,
+    tp_partial_precision: str = TP_PRECISION,
     kda_decode_impl: str = typer.Option("vectorized", "--kda-decode-impl", help="KDA decode step: vectorized or "
                                         "reference (loop)."),
     kda_bv_tile: Optional[int] = typer.Option(None, "--kda-bv-tile", help="KDA decode: V tile width."),
@@ -293,7 +304,8 @@ def serve(
                               hybrid=hybrid, **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization,
                                                             smoothquant_alpha),
                               **_spec_knobs(speculative, num_speculative_tokens, rollback),
-                              kda_decode_impl=kda_decode_impl, kda_bv_tile=kda_bv_tile, kda_head_split=kda_head_split)
+                              kda_decode_impl=kda_decode_impl, kda_bv_tile=kda_bv_tile, kda_head_split=kda_head_split,
+                              tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info")
     except (ConfigError, FileNotFoundError) as err:

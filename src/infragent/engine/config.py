@@ -70,6 +70,8 @@ class EngineConfig:
     kda_decode_impl: str = "vectorized"  # KDA decode step: vectorized (tiling knobs below) or reference loop
     kda_bv_tile: int | None = None  # V tile width of the vectorized step (None: whole V)
     kda_head_split: int = 1  # head groups of the vectorized step
+    tensor_parallel_size: int = 1  # ranks (processes, gloo) sharing every layer by heads / features / vocab
+    tp_partial_precision: str = "fp32"  # row-parallel partial sums: fp32, reduced (bf16 operands), 3-pass
     speculative: str | None = None  # ngram: draft by prompt lookup, verify greedily in one forward
     num_speculative_tokens: int = 3
     prompt_lookup_max: int = 4  # longest tail n-gram the drafter looks up
@@ -101,6 +103,7 @@ class EngineConfig:
         self._check_quantization()
         self._check_speculative()
         self._check_kda_decode()
+        self._check_parallel()
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads: must be >= 1, got {self.num_threads}")
 
@@ -135,6 +138,22 @@ class EngineConfig:
         heads = self.hybrid.kda_num_heads
         if not isinstance(self.kda_head_split, int) or self.kda_head_split < 1 or heads % self.kda_head_split:
             raise ConfigError(f"kda_head_split: {self.kda_head_split!r} must divide the {heads} KDA heads")
+
+    def _check_parallel(self) -> None:
+        from infragent.engine.parallel.layers import PARTIAL_PRECISIONS
+
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size: must be a positive integer, got {self.tensor_parallel_size!r}")
+        if self.tp_partial_precision not in PARTIAL_PRECISIONS:
+            raise ConfigError(f"tp_partial_precision: {self.tp_partial_precision!r}; choose one of "
+                              f"{', '.join(PARTIAL_PRECISIONS)}")
+        if self.tensor_parallel_size > 1:
+            clash = [name for name, on in (("speculative", self.speculative), ("quantization", self.quantization),
+                                           ("kv_transfer", self.kv_transfer), ("gemm", self.gemm != "torch"))
+                     if on]
+            if clash:
+                raise ConfigError(f"tensor_parallel_size: {self.tensor_parallel_size} does not combine with "
+                                  f"{', '.join(clash)} yet; use one rank or turn them off")
 
     def _check_speculative(self) -> None:
         if self.speculative == "none":
@@ -174,4 +193,4 @@ class EngineConfig:
 
     def resolved_threads(self) -> int:
         """Threads torch should use."""
-        return self.num_threads or len(os.sched_getaffinity(0))
+        return self.num_threads or max(1, len(os.sched_getaffinity(0)) // self.tensor_parallel_size)

@@ -24,6 +24,10 @@ class LLM:
         llm.engine = engine
         return llm
 
+    def close(self) -> None:
+        """Stop the engine's helpers (tensor-parallel workers, transfer thread)."""
+        self.engine.close()
+
     @property
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer (encode, decode, chat template)."""

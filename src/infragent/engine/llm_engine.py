@@ -17,6 +17,8 @@ from infragent.engine.models.hybrid import init_hybrid
 from infragent.engine.models.llama import load_llama
 from infragent.engine.models.spec import ModelSpec
 from infragent.engine.outputs import RequestOutput
+from infragent.engine.parallel.build import shard_model
+from infragent.engine.parallel.tp_runner import TPModelRunner, init_group, start_workers
 from infragent.engine.quant.apply import quantize_projections
 from infragent.engine.quant.corpus import token_windows
 from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
@@ -53,15 +55,20 @@ class LLMEngine:
         else:
             spec, weights = init_hybrid(config.hybrid, self.tokenizer.vocab_size)
         self.spec = spec
-        self.model = DecoderModel(spec, weights, config.torch_dtype)
-        self.model.use_gemm(make_gemm(config.gemm))
-        self.model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
+        world = config.tensor_parallel_size
+        if world > 1:  # this process is rank 0: its shard, and the driver of the others
+            self.model = shard_model(config, spec, weights, 0, world)
+        else:
+            self.model = DecoderModel(spec, weights, config.torch_dtype)
+            self.model.use_gemm(make_gemm(config.gemm))
+            self.model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
         del weights
         self.max_model_len = config.max_model_len or min(spec.max_position_embeddings, 4096)
         if self.max_model_len > spec.max_position_embeddings:
             raise ConfigError(f"max_model_len: {self.max_model_len} exceeds the model's context "
                               f"({spec.max_position_embeddings}); lower it")
-        self.kv_cache, block_size, num_blocks = self._allocate_kv_cache(spec)
+        local = self.model.spec  # a shard's head counts under tensor parallelism
+        self.kv_cache, block_size, num_blocks = self._allocate_kv_cache(local)
         prefix_caching = config.enable_prefix_caching
         if prefix_caching is None:
             prefix_caching = spec.num_kda_layers == 0 and config.kv_layout == "paged"
@@ -70,11 +77,17 @@ class LLMEngine:
                               "(KDA state is not cached per block); turn it off")
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
         self.slots = StateSlots(config.max_num_seqs) if spec.num_kda_layers else None
-        self.kda_states = (KDAStateCache(spec.num_kda_layers, config.max_num_seqs, spec.kda_num_heads,
-                                         spec.kda_head_k_dim, spec.kda_head_v_dim) if self.slots else None)
+        self.kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
+                                         local.kda_head_k_dim, local.kda_head_v_dim) if self.slots else None)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size,
-                                  speculative=config.speculative is not None)
+        if world > 1:
+            workers, port = start_workers(config, world, num_blocks, block_size)
+            init_group(0, world, port)
+            self.runner: ModelRunner = TPModelRunner(self.model, self.kv_cache, self.kda_states, self.slots,
+                                                     block_size, workers=workers)
+        else:
+            self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size,
+                                      speculative=config.speculative is not None)
         self.draft_model = None
         if config.speculative == "draft":
             if config.draft_layers >= spec.num_layers:
@@ -131,6 +144,13 @@ class LLMEngine:
                 self.step()
         finally:
             self.blocks.enable_prefix_caching = caching
+
+    def close(self) -> None:
+        """Stop what runs beside the engine: tensor-parallel workers, the KV transfer thread."""
+        if isinstance(self.runner, TPModelRunner):
+            self.runner.close()
+        if self.kv_transfer is not None:
+            self.kv_transfer.close()
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str = "") -> Sequence:

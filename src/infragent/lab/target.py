@@ -24,7 +24,8 @@ SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--ma
                "quantization": "--quantization", "smoothquant_alpha": "--smoothquant-alpha",
                "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
                "rollback": "--rollback", "kda_decode_impl": "--kda-decode-impl", "kda_bv_tile": "--kda-bv-tile",
-               "kda_head_split": "--kda-head-split"}
+               "kda_head_split": "--kda-head-split", "tensor_parallel_size": "--tp",
+               "tp_partial_precision": "--tp-partial-precision"}
 
 
 def flag_value(name: str, value: str) -> Any:

@@ -1,0 +1,141 @@
+"""Tensor-parallel execution: rank 0 (the driver, inside LLMEngine) schedules and prepares each step, sends
+the step's inputs to the workers, and every rank runs its shard of the same forward; partial sums meet in
+all-reduces, and the LM head picks greedy tokens without gathering the vocabulary.
+
+Every rank runs `execute` with the same plan, so the collectives line up: the plan lists which hidden rows
+need full logits (sampling, prompt log-probabilities) and which only a greedy token.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from infragent.engine.kv_cache import KDAStateCache, KVCache
+from infragent.engine.models.decoder import DecoderModel
+from infragent.engine.models.layers import rms_norm
+from infragent.engine.parallel.layers import RowParallel, VocabParallelHead
+from infragent.engine.parallel.shard import bounds
+from infragent.engine.runner import ModelRunner
+from infragent.engine.sampling import sample
+from infragent.engine.scheduler import ScheduledBatch
+from infragent.engine.step_inputs import StepInputs
+from infragent.trace import span
+
+TIMEOUT = timedelta(seconds=120)  # a collective waiting this long means a rank died: fail, do not hang
+Plan = list[tuple[str, torch.Tensor]]  # ("greedy" | "full", hidden rows)
+
+
+def make_tensor_parallel(model: DecoderModel, rank: int, world: int, vocab_size: int, precision: str) -> None:
+    """Wrap a rank's shard: row-parallel o/down/o_proj, vocab-parallel LM head."""
+    for _, mixer, _, mlp in model.layers:
+        name = "o" if hasattr(mixer, "qkv") else "o_proj"
+        setattr(mixer, name, RowParallel(getattr(mixer, name), precision))
+        mlp.down = RowParallel(mlp.down, precision)
+    model.lm_head = VocabParallelHead(model.lm_head, bounds(vocab_size, world, rank)[0], vocab_size)
+
+
+def init_group(rank: int, world: int, port: int) -> None:
+    """Join the gloo group on this machine (rank 0 listens on port)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=TIMEOUT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def execute(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | None, inputs: StepInputs,
+            fresh_slots: list[int], plan: Plan) -> list[torch.Tensor]:
+    """One step on this rank: the forward, then each plan entry (greedy tokens or full logits)."""
+    if kda_states is not None:
+        kda_states.reset(fresh_slots)
+    hidden = model.forward(inputs, kv_cache, kda_states)
+    results = []
+    for kind, rows in plan:
+        x = rms_norm(hidden.index_select(0, rows), model.final_norm, model.spec.rms_eps)
+        results.append(model.lm_head.greedy(x) if kind == "greedy" else model.lm_head(x).float())
+    return results
+
+
+class TPModelRunner(ModelRunner):
+    """Rank 0's runner: prepares, broadcasts, executes its shard, samples."""
+
+    def __init__(self, *args, workers: list, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.workers = workers
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> dict[int, list[int]]:
+        with span("prepare", seqs=len(batch.seqs)):
+            inputs, sampled_seqs = self.prepare(batch)
+            fresh = self.slots.take_fresh() if self.slots is not None else []
+        plan: Plan = [("full", torch.arange(row, row + n)) for _, row, n, _ in self.prompt_rows]
+        if sampled_seqs:
+            greedy = all(s.params.greedy for s in sampled_seqs)
+            plan.append(("greedy" if greedy else "full", inputs.logits_rows))
+        with span("broadcast", seqs=len(batch.seqs)):
+            dist.broadcast_object_list([("step", inputs, fresh, plan)], src=0)
+        phase = "prefill" if inputs.prefills else "decode"
+        with span(phase, tokens=len(inputs.input_ids), decodes=inputs.num_decodes):
+            results = execute(self.model, self.kv_cache, self.kda_states, inputs, fresh, plan)
+        for (seq, _, _, position), logits in zip(self.prompt_rows, results):
+            seq.prompt_logprobs[position] = torch.log_softmax(logits, dim=-1)
+        if not sampled_seqs:
+            return {}
+        last = results[-1]
+        if plan[-1][0] == "greedy":
+            tokens = last.tolist()
+        else:
+            tokens = sample(last, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs])
+        return {s.seq_id: [t] for s, t in zip(sampled_seqs, tokens)}
+
+    def close(self) -> None:
+        """Stop the workers and leave the group."""
+        if not dist.is_initialized():
+            return
+        try:
+            dist.broadcast_object_list([None], src=0)
+        except RuntimeError:
+            pass  # a worker is gone: nothing left to tell
+        for worker in self.workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.terminate()
+        dist.destroy_process_group()
+
+
+def start_workers(config, world: int, num_blocks: int, block_size: int) -> tuple[list, int]:  # noqa: ANN001
+    """Spawn ranks 1..world-1; returns them and the group's port (rank 0 joins next)."""
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=worker_main, args=(config, rank, world, port, num_blocks, block_size),
+                           daemon=True, name=f"tp-rank-{rank}") for rank in range(1, world)]
+    for worker in workers:
+        worker.start()
+    return workers, port
+
+
+def worker_main(config, rank: int, world: int, port: int, num_blocks: int, block_size: int) -> None:  # noqa: ANN001
+    """A worker rank: build the shard and its caches, then run every step rank 0 sends until told to stop."""
+    from infragent.engine.parallel.build import build_shard
+
+    torch.set_num_threads(config.resolved_threads())
+    model, kv_cache, kda_states = build_shard(config, rank, world, num_blocks, block_size)
+    init_group(rank, world, port)
+    with torch.inference_mode():
+        while True:
+            message = [None]
+            dist.broadcast_object_list(message, src=0)
+            if message[0] is None:
+                break
+            _, inputs, fresh, plan = message[0]
+            execute(model, kv_cache, kda_states, inputs, fresh, plan)
+    dist.destroy_process_group()
+    os._exit(0)
