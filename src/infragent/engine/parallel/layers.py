@@ -15,12 +15,10 @@ from infragent.engine.precision import matmul
 PARTIAL_PRECISIONS = {"fp32": "fp32", "reduced": "bf16", "3-pass": "bf16x3"}
 
 
-class RowParallel:
-    """A linear whose input features are split across ranks: y = all_reduce(x_local · W_local)."""
+class _Sharded:
+    """A rank's slice of a linear (layers.Linear), seen from outside as that linear."""
 
-    def __init__(self, linear, precision: str = "fp32") -> None:  # noqa: ANN001 (layers.Linear)
-        self.linear = linear
-        self.mode = PARTIAL_PRECISIONS[precision]
+    linear = None
 
     @property
     def weight_t(self) -> torch.Tensor:
@@ -30,24 +28,25 @@ class RowParallel:
         """Bytes of this rank's weight slice."""
         return self.linear.weight_bytes()
 
+
+class RowParallel(_Sharded):
+    """A linear whose input features are split across ranks: y = all_reduce(x_local · W_local)."""
+
+    def __init__(self, linear, precision: str = "fp32") -> None:  # noqa: ANN001 (layers.Linear)
+        self.linear = linear
+        self.mode = PARTIAL_PRECISIONS[precision]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         partial = self.linear(x) if self.mode == "fp32" else matmul(x, self.linear.weight_t, self.mode)
         dist.all_reduce(partial)
         return partial
 
 
-class VocabParallelHead:
+class VocabParallelHead(_Sharded):
     """The LM head over this rank's vocabulary rows [offset, offset + local)."""
 
     def __init__(self, linear, offset: int, vocab_size: int) -> None:  # noqa: ANN001 (layers.Linear)
         self.linear, self.offset, self.vocab_size = linear, offset, vocab_size
-
-    @property
-    def weight_t(self) -> torch.Tensor:
-        return self.linear.weight_t
-
-    def weight_bytes(self) -> int:
-        return self.linear.weight_bytes()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Full logits [N, vocab] on every rank (all-gather of the slices): for sampling and log-probs."""
