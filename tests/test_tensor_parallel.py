@@ -77,3 +77,22 @@ def test_tp2_equals_tp1_on_the_hybrid_model():
     small = HybridConfig(hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
                          head_dim=32, kda_num_heads=2, kda_head_k_dim=32, kda_head_v_dim=32)
     assert _run("hybrid", 2, hybrid=small)[0] == _run("hybrid", 1, hybrid=small)[0]
+
+
+def test_a_dead_rank_fails_the_next_step_at_once_with_its_name():
+    import time
+
+    from infragent.engine.parallel.tp_runner import TPWorkerError
+
+    llm = LLM(model="llama", kv_cache_gb=0.05, max_model_len=256, tensor_parallel_size=2)
+    try:
+        assert llm.generate(["Hi"], SamplingParams(max_tokens=2))[0].token_ids
+        worker = llm.engine.runner.workers[0]
+        worker.kill()
+        worker.join(timeout=10)
+        start = time.monotonic()
+        with pytest.raises(TPWorkerError, match=r"tp-rank-1 \(pid \d+\) exited with code -9"):
+            llm.generate(["Hello"], SamplingParams(max_tokens=2))
+        assert time.monotonic() - start < 5
+    finally:
+        llm.close()

@@ -64,6 +64,10 @@ def execute(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | 
     return results
 
 
+class TPWorkerError(RuntimeError):
+    """A tensor-parallel rank is gone; the message names it and its exit code."""
+
+
 class TPModelRunner(ModelRunner):
     """Rank 0's runner: prepares, broadcasts, executes its shard, samples."""
 
@@ -73,6 +77,10 @@ class TPModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, list[int]]:
+        dead = [w for w in self.workers if not w.is_alive()]
+        if dead:  # without it every collective would wait TIMEOUT for a rank that is gone
+            raise TPWorkerError(", ".join(f"{w.name} (pid {w.pid}) exited with code {w.exitcode}" for w in dead)
+                                + ": this tensor-parallel engine cannot run a step any more; restart it")
         with span("prepare", seqs=len(batch.seqs)):
             inputs, sampled_seqs = self.prepare(batch)
             fresh = self.slots.take_fresh() if self.slots is not None else []
@@ -100,10 +108,11 @@ class TPModelRunner(ModelRunner):
         """Stop the workers and leave the group."""
         if not dist.is_initialized():
             return
-        try:
-            dist.broadcast_object_list([None], src=0)
-        except RuntimeError:
-            pass  # a worker is gone: nothing left to tell
+        if all(w.is_alive() for w in self.workers):  # with a rank gone the broadcast would wait TIMEOUT
+            try:
+                dist.broadcast_object_list([None], src=0)
+            except RuntimeError:
+                pass  # a rank died just now: nothing left to tell
         for worker in self.workers:
             worker.join(timeout=30)
             if worker.is_alive():
