@@ -19,12 +19,29 @@ from infragent.engine.models.kda_ops import KDASteps, kda_replay, kda_steps
 ROLLBACKS = ("snapshot", "replayssm")
 
 
-class SnapshotRollback:
-    """Per KDA layer a buffer [slots, window, H, dk, dv] of the states after each verified token."""
+class _Rollback:
+    """What both kinds share: the KDAStateCache's states ([slots, H, dk, dv] per layer) and the window, the
+    most tokens one verification may run."""
 
     def __init__(self, states: list[torch.Tensor], window: int) -> None:
-        self.states = states  # the KDAStateCache's [slots, H, dk, dv] per layer: always the current state
-        self.window = window
+        self.states, self.window = states, window
+
+    def current(self, layer: int, slot: int) -> torch.Tensor:
+        """The state a verification of this slot starts from."""
+        raise NotImplementedError
+
+    def _steps(self, layer: int, slot: int, q, k, v, g, beta, **record) -> KDASteps:  # noqa: ANN001
+        if q.shape[0] > self.window:
+            raise ValueError(f"rollback: {q.shape[0]} tokens verified at once, window is {self.window}")
+        return kda_steps(q, k, v, g, beta, self.current(layer, slot), **record)
+
+
+class SnapshotRollback(_Rollback):
+    """Per KDA layer a buffer [slots, window, H, dk, dv] of the states after each verified token; the state
+    slot always holds the current state."""
+
+    def __init__(self, states: list[torch.Tensor], window: int) -> None:
+        super().__init__(states, window)
         self.snapshots = [torch.zeros(s.shape[0], window, *s.shape[1:]) for s in states]
 
     def current(self, layer: int, slot: int) -> torch.Tensor:
@@ -50,18 +67,13 @@ class SnapshotRollback:
         """Rollback bytes one sequence holds beyond its state slot, all KDA layers."""
         return sum(s[0].nbytes for s in self.snapshots)
 
-    def _steps(self, layer: int, slot: int, q, k, v, g, beta, **record) -> KDASteps:  # noqa: ANN001
-        if q.shape[0] > self.window:
-            raise ValueError(f"rollback: {q.shape[0]} tokens verified at once, window is {self.window}")
-        return kda_steps(q, k, v, g, beta, self.current(layer, slot), **record)
 
-
-class ReplayRollback(SnapshotRollback):
+class ReplayRollback(_Rollback):
     """Per KDA layer a ring [slots, window, H, 2 dk + dv + 1] of accepted tokens' (k, u, g, beta); the
     state slot holds the checkpoint the ring replays from."""
 
     def __init__(self, states: list[torch.Tensor], window: int) -> None:
-        self.states, self.window = states, window
+        super().__init__(states, window)
         slots, heads, dk, dv = states[0].shape if states else (0, 0, 0, 0)
         self.dk, self.dv = dk, dv
         self.rings = [torch.zeros(slots, window, heads, 2 * dk + dv + 1) for _ in states]
