@@ -33,6 +33,7 @@ ROLLBACK = typer.Option("snapshot", "--rollback", help="KDA state after rejected
 
 
 TP = typer.Option(1, "--tp", "--tensor-parallel-size", help="Ranks sharing every layer (processes over gloo).")
+PP = typer.Option(1, "--pp", "--pipeline-parallel-size", help="Pipeline stages (processes holding runs of layers).")
 TP_PRECISION = typer.Option("fp32", "--tp-partial-precision", help="Row-parallel partial sums: fp32, reduced "
                             "(bf16 operands) or 3-pass (bf16x3 split).")
 
@@ -75,6 +76,7 @@ def generate(
     rollback: str = ROLLBACK,
     tp: int = TP,
     tp_partial_precision: str = TP_PRECISION,
+    pp: int = PP,
 ) -> None:
     """Print the completion of each prompt (one per line block); errors go to stderr with exit status 2."""
     from infragent.engine.config import ConfigError
@@ -89,7 +91,7 @@ def generate(
                   block_size=block_size, dtype=dtype, num_threads=threads,
                   **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha),
                   **_spec_knobs(speculative, num_speculative_tokens, rollback),
-                  tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision)
+                  tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision, pipeline_parallel_size=pp)
         if chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
         else:
@@ -285,6 +287,7 @@ def serve(
     rollback: str = ROLLBACK,
     tp: int = TP,
     tp_partial_precision: str = TP_PRECISION,
+    pp: int = PP,
     kda_decode_impl: str = typer.Option("vectorized", "--kda-decode-impl", help="KDA decode step: vectorized or "
                                         "reference (loop)."),
     kda_bv_tile: Optional[int] = typer.Option(None, "--kda-bv-tile", help="KDA decode: V tile width."),
@@ -305,7 +308,8 @@ def serve(
                                                             smoothquant_alpha),
                               **_spec_knobs(speculative, num_speculative_tokens, rollback),
                               kda_decode_impl=kda_decode_impl, kda_bv_tile=kda_bv_tile, kda_head_split=kda_head_split,
-                              tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision)
+                              tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision,
+                              pipeline_parallel_size=pp)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info")
     except (ConfigError, FileNotFoundError) as err:

@@ -72,6 +72,8 @@ class EngineConfig:
     kda_head_split: int = 1  # head groups of the vectorized step
     tensor_parallel_size: int = 1  # ranks (processes, gloo) sharing every layer by heads / features / vocab
     tp_partial_precision: str = "fp32"  # row-parallel partial sums: fp32, reduced (bf16 operands), 3-pass
+    pipeline_parallel_size: int = 1  # stages (processes) holding consecutive runs of layers
+    pp_micro_batches: int = 2  # a step's sequences split into this many groups flowing through the stages
     speculative: str | None = None  # ngram: draft by prompt lookup, verify greedily in one forward
     num_speculative_tokens: int = 3
     prompt_lookup_max: int = 4  # longest tail n-gram the drafter looks up
@@ -142,18 +144,26 @@ class EngineConfig:
     def _check_parallel(self) -> None:
         from infragent.engine.parallel.layers import PARTIAL_PRECISIONS
 
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size: must be a positive integer, got {self.tensor_parallel_size!r}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "pp_micro_batches"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ConfigError("pipeline_parallel_size: does not combine with tensor_parallel_size > 1 yet; "
+                              "choose one")
         if self.tp_partial_precision not in PARTIAL_PRECISIONS:
             raise ConfigError(f"tp_partial_precision: {self.tp_partial_precision!r}; choose one of "
                               f"{', '.join(PARTIAL_PRECISIONS)}")
-        if self.tensor_parallel_size > 1:
+        world = max(self.tensor_parallel_size, self.pipeline_parallel_size)
+        if world > 1:
             clash = [name for name, on in (("speculative", self.speculative), ("quantization", self.quantization),
-                                           ("kv_transfer", self.kv_transfer), ("gemm", self.gemm != "torch"))
+                                           ("kv_transfer", self.kv_transfer), ("gemm", self.gemm != "torch"),
+                                           ("kv_cache_dtypes", self.kv_cache_dtypes is not None
+                                            and self.pipeline_parallel_size > 1))
                      if on]
             if clash:
-                raise ConfigError(f"tensor_parallel_size: {self.tensor_parallel_size} does not combine with "
-                                  f"{', '.join(clash)} yet; use one rank or turn them off")
+                what = "tensor" if self.tensor_parallel_size > 1 else "pipeline"
+                raise ConfigError(f"{what}_parallel_size: {world} does not combine with {', '.join(clash)} yet; "
+                                  f"use one rank or turn them off")
 
     def _check_speculative(self) -> None:
         if self.speculative == "none":
@@ -193,4 +203,5 @@ class EngineConfig:
 
     def resolved_threads(self) -> int:
         """Threads torch should use."""
-        return self.num_threads or max(1, len(os.sched_getaffinity(0)) // self.tensor_parallel_size)
+        ranks = self.tensor_parallel_size * self.pipeline_parallel_size
+        return self.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks)

@@ -17,8 +17,10 @@ from infragent.engine.models.hybrid import init_hybrid
 from infragent.engine.models.llama import load_llama
 from infragent.engine.models.spec import ModelSpec
 from infragent.engine.outputs import RequestOutput
-from infragent.engine.parallel.build import shard_model
-from infragent.engine.parallel.tp_runner import TPModelRunner, init_group, start_workers
+from infragent.engine.parallel.build import caches, shard_model, stage_model
+from infragent.engine.parallel.pp_runner import PPModelRunner, start_stages
+from infragent.engine.parallel.group import init_group
+from infragent.engine.parallel.tp_runner import TPModelRunner, start_workers
 from infragent.engine.quant.apply import quantize_projections
 from infragent.engine.quant.corpus import token_windows
 from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
@@ -55,9 +57,11 @@ class LLMEngine:
         else:
             spec, weights = init_hybrid(config.hybrid, self.tokenizer.vocab_size)
         self.spec = spec
-        world = config.tensor_parallel_size
+        world, stages = config.tensor_parallel_size, config.pipeline_parallel_size
         if world > 1:  # this process is rank 0: its shard, and the driver of the others
             self.model = shard_model(config, spec, weights, 0, world)
+        elif stages > 1:  # rank 0 is the first pipeline stage
+            self.model = stage_model(config, spec, weights, 0, stages)
         else:
             self.model = DecoderModel(spec, weights, config.torch_dtype)
             self.model.use_gemm(make_gemm(config.gemm))
@@ -79,12 +83,20 @@ class LLMEngine:
         self.slots = StateSlots(config.max_num_seqs) if spec.num_kda_layers else None
         self.kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
                                          local.kda_head_k_dim, local.kda_head_v_dim) if self.slots else None)
+        if stages > 1:  # the blocks and slots of one process; each stage stores only its own layers' share
+            self.kv_cache, self.kda_states = caches(config, self.model, num_blocks, block_size)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
         if world > 1:
             workers, port = start_workers(config, world, num_blocks, block_size)
             init_group(0, world, port)
             self.runner: ModelRunner = TPModelRunner(self.model, self.kv_cache, self.kda_states, self.slots,
                                                      block_size, workers=workers)
+        elif stages > 1:
+            workers, port = start_stages(config, stages, num_blocks, block_size)
+            init_group(0, stages, port)
+            self.runner = PPModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size,
+                                        workers=workers, stages=stages, micro_batches=config.pp_micro_batches,
+                                        vocab=spec.vocab_size)
         else:
             self.runner = ModelRunner(self.model, self.kv_cache, self.kda_states, self.slots, block_size,
                                       speculative=config.speculative is not None)
@@ -147,7 +159,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop what runs beside the engine: tensor-parallel workers, the KV transfer thread."""
-        if isinstance(self.runner, TPModelRunner):
+        if isinstance(self.runner, (TPModelRunner, PPModelRunner)):
             self.runner.close()
         if self.kv_transfer is not None:
             self.kv_transfer.close()

@@ -25,7 +25,7 @@ SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--ma
                "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
                "rollback": "--rollback", "kda_decode_impl": "--kda-decode-impl", "kda_bv_tile": "--kda-bv-tile",
                "kda_head_split": "--kda-head-split", "tensor_parallel_size": "--tp",
-               "tp_partial_precision": "--tp-partial-precision"}
+               "tp_partial_precision": "--tp-partial-precision", "pipeline_parallel_size": "--pp"}
 
 
 def flag_value(name: str, value: str) -> Any:

@@ -64,13 +64,25 @@ class DecoderModel:
         for owner, name in self.projections():
             getattr(owner, name).gemm = gemm
 
+    def keep_layers(self, start: int, stop: int) -> None:
+        """Keep layers [start, stop) only (a pipeline stage); their caches are renumbered from 0."""
+        self.layers = self.layers[start:stop]
+        attention = kda = 0
+        for _, mixer, _, _ in self.layers:
+            if isinstance(mixer, Attention):
+                mixer.cache_layer, attention = attention, attention + 1
+            else:
+                mixer.state_layer, kda = kda, kda + 1
+
     def forward(self, inputs: StepInputs, kv_cache: KVCache, kda_states: KDAStateCache | None,
-                num_layers: int | None = None) -> torch.Tensor:
+                num_layers: int | None = None, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] of every scheduled token after all layers (or the first num_layers: a
-        draft model); fills the caches as a side effect."""
+        draft model), starting from the embeddings or from hidden (a later pipeline stage); fills the caches
+        as a side effect."""
         eps = self.spec.rms_eps
         inputs.rope_cos, inputs.rope_sin = self.rotary.tables(inputs.positions)
-        hidden = F.embedding(inputs.input_ids, self.embed)
+        if hidden is None:
+            hidden = F.embedding(inputs.input_ids, self.embed)
         for layer, (norm_in, mixer, norm_post, mlp) in enumerate(self.layers[:num_layers]):
             x = rms_norm(hidden, norm_in, eps)
             if isinstance(mixer, Attention):

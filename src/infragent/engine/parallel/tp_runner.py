@@ -7,17 +7,13 @@ need full logits (sampling, prompt log-probabilities) and which only a greedy to
 """
 from __future__ import annotations
 
-import os
-import socket
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.layers import rms_norm
+from infragent.engine.parallel.group import check_ranks, init_group, serve_steps, spawn_ranks, stop_ranks
 from infragent.engine.parallel.layers import RowParallel, VocabParallelHead
 from infragent.engine.parallel.shard import bounds
 from infragent.engine.runner import ModelRunner
@@ -26,7 +22,6 @@ from infragent.engine.scheduler import ScheduledBatch
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
 
-TIMEOUT = timedelta(seconds=120)  # a collective waiting this long means a rank died: fail, do not hang
 Plan = list[tuple[str, torch.Tensor]]  # ("greedy" | "full", hidden rows)
 
 
@@ -37,18 +32,6 @@ def make_tensor_parallel(model: DecoderModel, rank: int, world: int, vocab_size:
         setattr(mixer, name, RowParallel(getattr(mixer, name), precision))
         mlp.down = RowParallel(mlp.down, precision)
     model.lm_head = VocabParallelHead(model.lm_head, bounds(vocab_size, world, rank)[0], vocab_size)
-
-
-def init_group(rank: int, world: int, port: int) -> None:
-    """Join the gloo group on this machine (rank 0 listens on port)."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=TIMEOUT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def execute(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | None, inputs: StepInputs,
@@ -64,10 +47,6 @@ def execute(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | 
     return results
 
 
-class TPWorkerError(RuntimeError):
-    """A tensor-parallel rank is gone; the message names it and its exit code."""
-
-
 class TPModelRunner(ModelRunner):
     """Rank 0's runner: prepares, broadcasts, executes its shard, samples."""
 
@@ -77,10 +56,7 @@ class TPModelRunner(ModelRunner):
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, list[int]]:
-        dead = [w for w in self.workers if not w.is_alive()]
-        if dead:  # without it every collective would wait TIMEOUT for a rank that is gone
-            raise TPWorkerError(", ".join(f"{w.name} (pid {w.pid}) exited with code {w.exitcode}" for w in dead)
-                                + ": this tensor-parallel engine cannot run a step any more; restart it")
+        check_ranks(self.workers)
         with span("prepare", seqs=len(batch.seqs)):
             inputs, sampled_seqs = self.prepare(batch)
             fresh = self.slots.take_fresh() if self.slots is not None else []
@@ -106,45 +82,19 @@ class TPModelRunner(ModelRunner):
 
     def close(self) -> None:
         """Stop the workers and leave the group."""
-        if not dist.is_initialized():
-            return
-        if all(w.is_alive() for w in self.workers):  # with a rank gone the broadcast would wait TIMEOUT
-            try:
-                dist.broadcast_object_list([None], src=0)
-            except RuntimeError:
-                pass  # a rank died just now: nothing left to tell
-        for worker in self.workers:
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.terminate()
-        dist.destroy_process_group()
+        stop_ranks(self.workers)
 
 
 def start_workers(config, world: int, num_blocks: int, block_size: int) -> tuple[list, int]:  # noqa: ANN001
     """Spawn ranks 1..world-1; returns them and the group's port (rank 0 joins next)."""
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=worker_main, args=(config, rank, world, port, num_blocks, block_size),
-                           daemon=True, name=f"tp-rank-{rank}") for rank in range(1, world)]
-    for worker in workers:
-        worker.start()
-    return workers, port
+    return spawn_ranks(worker_main, "tp-rank", world, config, num_blocks, block_size)
 
 
-def worker_main(config, rank: int, world: int, port: int, num_blocks: int, block_size: int) -> None:  # noqa: ANN001
+def worker_main(config, num_blocks: int, block_size: int, rank: int, world: int, port: int) -> None:  # noqa: ANN001
     """A worker rank: build the shard and its caches, then run every step rank 0 sends until told to stop."""
     from infragent.engine.parallel.build import build_shard
 
     torch.set_num_threads(config.resolved_threads())
     model, kv_cache, kda_states = build_shard(config, rank, world, num_blocks, block_size)
     init_group(rank, world, port)
-    with torch.inference_mode():
-        while True:
-            message = [None]
-            dist.broadcast_object_list(message, src=0)
-            if message[0] is None:
-                break
-            _, inputs, fresh, plan = message[0]
-            execute(model, kv_cache, kda_states, inputs, fresh, plan)
-    dist.destroy_process_group()
-    os._exit(0)
+    serve_steps(lambda message: execute(model, kv_cache, kda_states, *message[1:]))
