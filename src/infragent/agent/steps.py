@@ -47,13 +47,20 @@ def quality_gate(spec: Spec, knobs: dict, plan=None) -> Feedback:  # noqa: ANN00
     from infragent.engine.llm_engine import LLMEngine
     from infragent.probes.quality import quality
 
+    engines: list[LLMEngine] = []
     try:
         candidate = engine_config(spec.target, knobs)
         reference = dataclasses.replace(candidate, dtype="float32", gemm="torch", kv_cache_dtype="auto",
-                                        kv_cache_dtypes=None, quantization=None, smoothquant_alpha=None)
-        feedback = quality(LLMEngine(reference), LLMEngine(candidate), plan, label=f"knobs {knobs}")
+                                        kv_cache_dtypes=None, quantization=None, smoothquant_alpha=None,
+                                        speculative=None, tensor_parallel_size=1, pipeline_parallel_size=1)
+        for config in (reference, candidate):
+            engines.append(LLMEngine(config))
+        feedback = quality(*engines, plan, label=f"knobs {knobs}")
     except ConfigError as err:
         return Feedback("quality", "fail", f"knobs {knobs}: the engine cannot run them: {err}")
+    finally:
+        for engine in engines:
+            engine.close()
     judgements = [judge_interval(c, m.value, m.ci_low, m.ci_high, "quality")
                   for c in spec.criteria if c.metric in QUALITY_METRICS
                   for m in [feedback.numbers[c.metric]]]
