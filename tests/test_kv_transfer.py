@@ -41,14 +41,16 @@ def test_gemm_knob_is_validated_and_keeps_greedy_outputs():
     assert outputs["blas"] == outputs["torch"] == outputs["blas-gil-held"]
 
 
-def test_transfer_puts_every_prefill_row_in_the_store():
-    engine = LLMEngine(tiny_config(kv_transfer=True))
+@pytest.mark.parametrize("mode, impl", [("layerwise", "serialize"), ("layerwise", "bulk"),
+                                        ("after_prefill", "serialize"), ("after_prefill", "bulk")])
+def test_transfer_puts_every_prefill_row_in_the_store(mode, impl):
+    engine = LLMEngine(tiny_config(kv_transfer=True, kv_transfer_mode=mode, kv_transfer_impl=impl))
     seq = engine.add_request(list(range(100, 140)), SamplingParams(max_tokens=2, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
     store, cache = engine.kv_store, engine.kv_cache
     stored = 0
-    for (layer, block, first), _ in list(store._blobs.items()):
+    for layer, block, first in store.keys():
         k, v = store.get((layer, block, first))
         rows = k.shape[0]
         expect_k = cache.k[layer][block, :, first:first + rows].transpose(0, 1).reshape(rows, -1)
@@ -59,6 +61,8 @@ def test_transfer_puts_every_prefill_row_in_the_store():
     assert stored == 40 * engine.spec.num_attention_layers  # the prompt's rows, not the decode step's
     assert len(seq.output_token_ids) == 2
     engine.kv_transfer.close()
+    with pytest.raises(ConfigError, match="kv_transfer_impl: 'rdma'"):
+        EngineConfig(kv_transfer_impl="rdma")
 
 
 def _traced_prefill(gemm: str):

@@ -278,6 +278,9 @@ def serve(
     kv_layout: str = typer.Option("paged", "--kv-layout", help="paged or contiguous."),
     gemm: str = typer.Option("torch", "--gemm", help="torch, blas or blas-gil-held (native BLAS via ctypes)."),
     kv_transfer: bool = typer.Option(False, "--kv-transfer", help="Send prefill KV to a store on a transfer thread."),
+    kv_transfer_mode: str = typer.Option("layerwise", "--kv-transfer-mode", help="layerwise or after_prefill."),
+    kv_transfer_impl: str = typer.Option("serialize", "--kv-transfer-impl", help="serialize (per-block packing, "
+                                         "holds the GIL) or bulk (native copies that release it)."),
     kv_cache_dtype: str = KV_CACHE_DTYPE,
     kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
     quantization: Optional[str] = QUANTIZATION,
@@ -304,6 +307,7 @@ def serve(
         config = EngineConfig(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               max_model_len=max_model_len, block_size=block_size, kv_cache_gb=kv_cache_gb,
                               num_threads=threads, kv_layout=kv_layout, gemm=gemm, kv_transfer=kv_transfer,
+                              kv_transfer_mode=kv_transfer_mode, kv_transfer_impl=kv_transfer_impl,
                               hybrid=hybrid, **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization,
                                                             smoothquant_alpha),
                               **_spec_knobs(speculative, num_speculative_tokens, rollback),

@@ -63,6 +63,8 @@ class EngineConfig:
     gguf_path: str | None = None
     gemm: str = "torch"  # torch | blas | blas-gil-held (native BLAS through ctypes, see native_gemm.py)
     kv_transfer: bool = False  # send each prefill layer's K/V to a KV store on a transfer thread
+    kv_transfer_mode: str = "layerwise"  # layerwise (as each layer finishes) or after_prefill
+    kv_transfer_impl: str = "serialize"  # serialize (per-block packing in Python) or bulk (native copies)
     kv_cache_dtype: str = "auto"  # every attention layer's KV storage: auto (model dtype), fp32, bf16, fp8, int8
     kv_cache_dtypes: list[str] | None = None  # one per attention layer, in order (overrides kv_cache_dtype)
     quantization: str | None = None  # w8a8 or int8-weight: the projections (not the LM head)
@@ -106,6 +108,7 @@ class EngineConfig:
         self._check_speculative()
         self._check_kda_decode()
         self._check_parallel()
+        self._check_transfer()
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"num_threads: must be >= 1, got {self.num_threads}")
 
@@ -140,6 +143,13 @@ class EngineConfig:
         heads = self.hybrid.kda_num_heads
         if not isinstance(self.kda_head_split, int) or self.kda_head_split < 1 or heads % self.kda_head_split:
             raise ConfigError(f"kda_head_split: {self.kda_head_split!r} must divide the {heads} KDA heads")
+
+    def _check_transfer(self) -> None:
+        from infragent.engine.kv_transfer import TRANSFER_IMPLS, TRANSFER_MODES
+
+        for name, allowed in (("kv_transfer_mode", TRANSFER_MODES), ("kv_transfer_impl", TRANSFER_IMPLS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}: {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
 
     def _check_parallel(self) -> None:
         from infragent.engine.parallel.layers import PARTIAL_PRECISIONS

@@ -37,7 +37,9 @@ class KVCache:
         # Decode gathers land in reused buffers: fresh multi-MB allocations fault in new pages every layer.
         self._workspace = [torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype)]
         self.transfer = None  # a KVTransfer: each layer's prefill rows are published when the layer is done
+        self.transfer_mode = "layerwise"  # or "after_prefill": every layer's rows published after the forward
         self._unsent: tuple | None = None
+        self._held: list[tuple] = []  # after_prefill: layers done, not yet published
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
@@ -71,8 +73,17 @@ class KVCache:
     def layer_done(self) -> None:
         """The attention layer finished: hand its new rows to the transfer (as vLLM's save_kv_layer does)."""
         if self._unsent is not None:
-            self.transfer.publish(*self._unsent)
+            if self.transfer_mode == "layerwise":
+                self.transfer.publish(*self._unsent)
+            else:
+                self._held.append(self._unsent)
             self._unsent = None
+
+    def forward_done(self) -> None:
+        """after_prefill: publish every layer held back during the forward."""
+        for layer in self._held:
+            self.transfer.publish(*layer)
+        self._held = []
 
     def decode_context(self, layer: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every decode's context as blocks: [B, blocks, kv_heads, block_len, head_dim]."""

@@ -110,9 +110,10 @@ class LLMEngine:
         if config.speculative is not None and self.kda_states is not None:
             rollback = ReplayRollback if config.rollback == "replayssm" else SnapshotRollback
             self.kda_states.rollback = rollback(self.kda_states.states, config.resolved_rollback_window())
-        self.kv_store = KVStore() if config.kv_transfer else None
-        self.kv_transfer = KVTransfer(self.kv_store) if self.kv_store is not None else None
-        self.kv_cache.transfer = self.kv_transfer
+        self.kv_store = KVStore(block_size, num_blocks * block_size) if config.kv_transfer else None
+        self.kv_transfer = (KVTransfer(self.kv_store, config.kv_transfer_impl) if self.kv_store is not None
+                            else None)
+        self.kv_cache.transfer, self.kv_cache.transfer_mode = self.kv_transfer, config.kv_transfer_mode
         if config.quantization is not None:
             self._quantize()
 
@@ -230,6 +231,7 @@ class LLMEngine:
         counter("kv_blocks_used", self.blocks.num_blocks - self.blocks.num_free_blocks)
         sampled = self.runner.run(batch)
         if self.kv_transfer is not None:  # a prefill is done when its KV is in the store
+            self.kv_cache.forward_done()
             self.kv_transfer.wait()
         now = time.perf_counter()
         with span("detokenize", seqs=len(sampled)):

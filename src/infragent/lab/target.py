@@ -25,7 +25,8 @@ SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--ma
                "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
                "rollback": "--rollback", "kda_decode_impl": "--kda-decode-impl", "kda_bv_tile": "--kda-bv-tile",
                "kda_head_split": "--kda-head-split", "tensor_parallel_size": "--tp",
-               "tp_partial_precision": "--tp-partial-precision", "pipeline_parallel_size": "--pp"}
+               "tp_partial_precision": "--tp-partial-precision", "pipeline_parallel_size": "--pp",
+               "kv_transfer_mode": "--kv-transfer-mode", "kv_transfer_impl": "--kv-transfer-impl"}
 
 
 def flag_value(name: str, value: str) -> Any:
