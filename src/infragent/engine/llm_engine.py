@@ -72,7 +72,10 @@ class LLMEngine:
             raise ConfigError(f"max_model_len: {self.max_model_len} exceeds the model's context "
                               f"({spec.max_position_embeddings}); lower it")
         local = self.model.spec  # a shard's head counts under tensor parallelism
-        self.kv_cache, block_size, num_blocks = self._allocate_kv_cache(local)
+        formats, block_size, num_blocks = self._size_kv_cache(local)
+        if stages == 1:  # a pipeline stage allocates only its own layers' share (below)
+            self.kv_cache = KVCache(local.num_attention_layers, num_blocks, block_size, local.num_kv_heads,
+                                    local.head_dim, config.torch_dtype, config.kv_layout, formats)
         prefix_caching = config.enable_prefix_caching
         if prefix_caching is None:
             prefix_caching = spec.num_kda_layers == 0 and config.kv_layout == "paged"
@@ -81,10 +84,11 @@ class LLMEngine:
                               "(KDA state is not cached per block); turn it off")
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
         self.slots = StateSlots(config.max_num_seqs) if spec.num_kda_layers else None
-        self.kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
-                                         local.kda_head_k_dim, local.kda_head_v_dim) if self.slots else None)
         if stages > 1:  # the blocks and slots of one process; each stage stores only its own layers' share
             self.kv_cache, self.kda_states = caches(config, self.model, num_blocks, block_size)
+        else:
+            self.kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
+                                             local.kda_head_k_dim, local.kda_head_v_dim) if self.slots else None)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
         if world > 1:
             workers, port = start_workers(config, world, num_blocks, block_size)
@@ -117,8 +121,8 @@ class LLMEngine:
         if config.quantization is not None:
             self._quantize()
 
-    def _allocate_kv_cache(self, spec: ModelSpec) -> tuple[KVCache, int, int]:
-        """Size the attention KV cache from kv_cache_gb; returns (cache, block_size, num_blocks)."""
+    def _size_kv_cache(self, spec: ModelSpec) -> tuple[list, int, int]:
+        """Size the attention KV cache from kv_cache_gb; returns (layer formats, block_size, num_blocks)."""
         cfg = self.config
         formats = kv_formats(cfg.layer_kv_dtypes(spec.num_attention_layers))
         model_element = torch.finfo(cfg.torch_dtype).bits // 8
@@ -132,9 +136,7 @@ class LLMEngine:
         if num_blocks * block_size < self.max_model_len or num_blocks == 0:
             raise ConfigError(f"kv_cache_gb: {cfg.kv_cache_gb} GB holds {capacity} tokens, fewer than "
                               f"max_model_len={self.max_model_len}; raise kv_cache_gb or lower max_model_len")
-        cache = KVCache(spec.num_attention_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-                        cfg.torch_dtype, cfg.kv_layout, formats)
-        return cache, block_size, num_blocks
+        return formats, block_size, num_blocks
 
     def _quantize(self) -> None:
         """Quantize the projections; with smoothquant_alpha, first calibrate activation ranges on held-out text."""

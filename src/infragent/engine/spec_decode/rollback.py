@@ -12,6 +12,8 @@ block table; a KDA state cannot be truncated, so one of:
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 from infragent.engine.models.kda_ops import KDASteps, kda_replay, kda_steps
@@ -19,21 +21,21 @@ from infragent.engine.models.kda_ops import KDASteps, kda_replay, kda_steps
 ROLLBACKS = ("snapshot", "replayssm")
 
 
-class _Rollback:
+class _Rollback(ABC):
     """What both kinds share: the KDAStateCache's states ([slots, H, dk, dv] per layer) and the window, the
     most tokens one verification may run."""
 
     def __init__(self, states: list[torch.Tensor], window: int) -> None:
         self.states, self.window = states, window
 
+    @abstractmethod
     def current(self, layer: int, slot: int) -> torch.Tensor:
         """The state a verification of this slot starts from."""
-        raise NotImplementedError
 
-    def _steps(self, layer: int, slot: int, q, k, v, g, beta, **record) -> KDASteps:  # noqa: ANN001
+    def _steps(self, start: torch.Tensor, q, k, v, g, beta, **record) -> KDASteps:  # noqa: ANN001
         if q.shape[0] > self.window:
             raise ValueError(f"rollback: {q.shape[0]} tokens verified at once, window is {self.window}")
-        return kda_steps(q, k, v, g, beta, self.current(layer, slot), **record)
+        return kda_steps(q, k, v, g, beta, start, **record)
 
 
 class SnapshotRollback(_Rollback):
@@ -51,7 +53,7 @@ class SnapshotRollback(_Rollback):
     def verify(self, layer: int, slot: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor) -> torch.Tensor:
         """Outputs of the 1 + d verified tokens; their states are kept until commit."""
-        steps = self._steps(layer, slot, q, k, v, g, beta, record_states=True)
+        steps = self._steps(self.current(layer, slot), q, k, v, g, beta, record_states=True)
         self.snapshots[layer][slot, :steps.states.shape[0]] = steps.states
         return steps.o
 
@@ -90,9 +92,10 @@ class ReplayRollback(_Rollback):
                beta: torch.Tensor) -> torch.Tensor:
         """Outputs of the 1 + d verified tokens; their inputs go to the ring, pending commit."""
         tokens, n = q.shape[0], self.count[slot]
-        steps = self._steps(layer, slot, q, k, v, g, beta, record_inputs=True)
+        start = self.current(layer, slot)
+        steps = self._steps(start, q, k, v, g, beta, record_inputs=True)
         if n + tokens > self.window:  # no room: the current state becomes the checkpoint (write back)
-            self.states[layer][slot] = self.current(layer, slot)
+            self.states[layer][slot] = start
             self.folded.add(slot)
             n = 0
         ring = self.rings[layer][slot, n:n + tokens]
