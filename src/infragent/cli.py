@@ -295,11 +295,19 @@ def serve(
                                         "reference (loop)."),
     kda_bv_tile: Optional[int] = typer.Option(None, "--kda-bv-tile", help="KDA decode: V tile width."),
     kda_head_split: int = typer.Option(1, "--kda-head-split", help="KDA decode: head groups."),
+    disagg: bool = typer.Option(False, "--disagg", help="Disaggregate: a router, prefill and decode worker "
+                                "processes, KV through a store (layer-wise with --kv-transfer-mode)."),
+    prefill_workers: int = typer.Option(1, "--prefill-workers", help="--disagg: prefill worker processes."),
+    decode_workers: int = typer.Option(1, "--decode-workers", help="--disagg: decode worker processes."),
+    kv_store: str = typer.Option("shm", "--kv-store", help="--disagg: shm (shared memory) or tcp."),
+    transfer_timeout: float = typer.Option(60.0, "--transfer-timeout", help="--disagg: seconds a request may "
+                                           "spend in prefill + KV transfer, and waiting for admission."),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json
 
     from infragent.engine.config import ConfigError, EngineConfig, HybridConfig
+    from infragent.engine.disagg.router import DisaggConfig
     from infragent.engine.server.serve import make_server
 
     try:
@@ -314,8 +322,9 @@ def serve(
                               kda_decode_impl=kda_decode_impl, kda_bv_tile=kda_bv_tile, kda_head_split=kda_head_split,
                               tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision,
                               pipeline_parallel_size=pp)
+        split = (DisaggConfig(prefill_workers, decode_workers, kv_store, transfer_timeout) if disagg else None)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
-                             log_level="info")
+                             log_level="info", disagg=split)
     except (ConfigError, FileNotFoundError) as err:
         _fail(str(err))
         return

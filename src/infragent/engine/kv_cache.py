@@ -44,16 +44,21 @@ class KVCache:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
         with span("kv.write", layer=layer, tokens=k.shape[0]):
-            fmt = self.formats[layer]
-            if fmt is not None and fmt.scaled:
-                write_scaled(self.k[layer], self.k_scale[layer], inputs.slot_blocks, inputs.slot_offsets, k, fmt)
-                write_scaled(self.v[layer], self.v_scale[layer], inputs.slot_blocks, inputs.slot_offsets, v, fmt)
-            else:
-                self.k[layer][inputs.slot_blocks, :, inputs.slot_offsets] = k.to(self.k[layer].dtype)
-                self.v[layer][inputs.slot_blocks, :, inputs.slot_offsets] = v.to(self.v[layer].dtype)
+            self.fill(layer, k, v, inputs.slot_blocks, inputs.slot_offsets)
         if self.transfer is not None and k.shape[0] > inputs.num_decodes:
             d = inputs.num_decodes  # decode rows come first; only prefill rows move to the store
             self._unsent = (layer, k[d:], v[d:], inputs.slot_blocks[d:], inputs.slot_offsets[d:])
+
+    def fill(self, layer: int, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor,
+             offsets: torch.Tensor) -> None:
+        """Store K/V rows [T, kv_heads, head_dim] at (block, offset) slots in the layer's format."""
+        fmt = self.formats[layer]
+        if fmt is not None and fmt.scaled:
+            write_scaled(self.k[layer], self.k_scale[layer], blocks, offsets, k, fmt)
+            write_scaled(self.v[layer], self.v_scale[layer], blocks, offsets, v, fmt)
+        else:
+            self.k[layer][blocks, :, offsets] = k.to(self.k[layer].dtype)
+            self.v[layer][blocks, :, offsets] = v.to(self.v[layer].dtype)
 
     def lossy(self, layer: int) -> bool:
         """Whether this layer stores K/V in a format other than the model's (attention must read it back)."""

@@ -3,7 +3,9 @@ transfer thread, layer by layer (mode "layerwise", so the transfer can overlap t
 all at once when the step's forward is done ("after_prefill").
 
 The engine thread hands over a snapshot of the rows it just wrote (publish); the thread named
-"kv-transfer" stores them; a prefill step ends only when its layers have landed (wait). Two store
+"kv-transfer" stores them; a prefill step ends only when its layers have landed (wait, with a timeout). A
+store is anything with put_rows (bulk) and put (packed): the in-process KVStore below, or disaggregation's
+shared-memory and TCP stores (engine/disagg/), whose blocks differ from the engine's: block_map translates. Two store
 clients: "serialize" packs block by block (header, K bytes, V bytes, CRC) in Python, holding the GIL, so it
 runs only while the engine thread does not hold it — whether it overlaps compute depends on whether
 compute releases the GIL (see native_gemm.py); "bulk" copies a layer's rows into the store's paged pool
@@ -25,6 +27,10 @@ TRANSFER_MODES = ("layerwise", "after_prefill")
 TRANSFER_IMPLS = ("serialize", "bulk")
 
 
+class TransferTimeout(RuntimeError):
+    """Published KV did not land in the store in time."""
+
+
 class KVStore:
     """The store a decode worker reads from: (layer, block, first offset) → packed K/V rows with a CRC, or
     (bulk) rows in a paged pool per layer, [num_blocks * block_size, kv_heads * head_dim] for K and for V."""
@@ -37,18 +43,22 @@ class KVStore:
         self._pools: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer → (K pool, V pool)
         self._rows: dict[tuple[int, int, int], int] = {}  # bulk records: key → rows
 
-    def put_rows(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
-                 keys: list[tuple[int, int]]) -> None:
-        """Bulk: rows k, v [T, row] into the layer's pool at flat cache slots; keys are (block, first offset,
-        rows) runs for get()."""
+    def put_rows(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Bulk: rows k, v [T, row] into the layer's pool at flat cache slots (block * block_size + offset)."""
         pools = self._pools.get(layer)
         if pools is None:
             pools = self._pools[layer] = (torch.zeros(self.num_slots, k.shape[1], dtype=k.dtype),
                                           torch.zeros(self.num_slots, v.shape[1], dtype=v.dtype))
         pools[0].index_copy_(0, slots, k)  # one native copy each: the GIL is released while it runs
         pools[1].index_copy_(0, slots, v)
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        starts = torch.ones(len(blocks), dtype=torch.bool)  # runs of one block are get()'s records
+        starts[1:] = blocks[1:] != blocks[:-1]
+        first = starts.nonzero().flatten()
+        counts = torch.diff(torch.cat([first, torch.tensor([len(blocks)])]))
+        runs = zip(blocks[first].tolist(), offsets[first].tolist(), counts.tolist())
         with self._lock:
-            for block, first, rows in keys:
+            for block, first, rows in runs:
                 self._rows[(layer, block, first)] = rows
             self.bytes_stored += k.nbytes + v.nbytes
 
@@ -88,9 +98,12 @@ class KVStore:
 class KVTransfer:
     """The transfer thread and its queue; one per engine."""
 
-    def __init__(self, store: KVStore, impl: str = "serialize") -> None:
+    def __init__(self, store: KVStore, impl: str = "serialize", timeout_s: float = 60.0) -> None:
         self.store = store
         self.impl = impl
+        self.timeout_s = timeout_s
+        self.block_map: torch.Tensor | None = None  # engine block → store block; None: the same numbers
+        self._error: Exception | None = None  # the first failed send since the last wait()
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="kv-transfer", daemon=True)
         self._thread.start()
@@ -102,9 +115,18 @@ class KVTransfer:
                          blocks.clone(), offsets.clone()))
 
     def wait(self) -> None:
-        """Block until every published layer is in the store."""
-        with span("kv.transfer.wait"):
-            self._queue.join()
+        """Block until every published layer is in the store; TransferTimeout after timeout_s."""
+        with span("kv.transfer.wait"), self._queue.all_tasks_done:
+            if not self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, self.timeout_s):
+                raise TransferTimeout(f"KV transfer: {self._queue.unfinished_tasks} published layers did not "
+                                      f"reach the store within {self.timeout_s:g} s")
+        error, self._error = self._error, None
+        if error is not None:
+            raise TransferTimeout(f"KV transfer failed: {error}") from error
+
+    def busy(self) -> bool:
+        """Whether published layers are still on their way."""
+        return self._queue.unfinished_tasks > 0
 
     def close(self) -> None:
         """Drain the queue and stop the thread."""
@@ -118,11 +140,15 @@ class KVTransfer:
                 if item is None:
                     return
                 self._send(*item)
+            except Exception as err:  # reported by wait(); the thread keeps serving
+                self._error = self._error or err
             finally:
                 self._queue.task_done()
 
     def _send(self, layer: int, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor,
               offsets: torch.Tensor) -> None:
+        if self.block_map is not None:
+            blocks = self.block_map[blocks]
         if self.impl == "bulk":
             self._send_bulk(layer, k, v, blocks, offsets)
             return
@@ -140,11 +166,6 @@ class KVTransfer:
 
     def _send_bulk(self, layer: int, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor,
                    offsets: torch.Tensor) -> None:
-        """The whole layer in two native copies; the records (runs of one block) are computed vectorized."""
+        """The whole layer in two native copies (index_copy_ releases the GIL)."""
         with span("kv.transfer", layer=layer, rows=k.shape[0]):
-            starts = torch.ones(len(blocks), dtype=torch.bool)
-            starts[1:] = blocks[1:] != blocks[:-1]
-            first = starts.nonzero().flatten()
-            counts = torch.diff(torch.cat([first, torch.tensor([len(blocks)])]))
-            runs = list(zip(blocks[first].tolist(), offsets[first].tolist(), counts.tolist()))
-            self.store.put_rows(layer, k, v, blocks * self.store.block_size + offsets, runs)
+            self.store.put_rows(layer, k, v, blocks * self.store.block_size + offsets)

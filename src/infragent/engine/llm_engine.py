@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -114,12 +115,22 @@ class LLMEngine:
         if config.speculative is not None and self.kda_states is not None:
             rollback = ReplayRollback if config.rollback == "replayssm" else SnapshotRollback
             self.kda_states.rollback = rollback(self.kda_states.states, config.resolved_rollback_window())
-        self.kv_store = KVStore(block_size, num_blocks * block_size) if config.kv_transfer else None
-        self.kv_transfer = (KVTransfer(self.kv_store, config.kv_transfer_impl) if self.kv_store is not None
-                            else None)
-        self.kv_cache.transfer, self.kv_cache.transfer_mode = self.kv_transfer, config.kv_transfer_mode
+        self.kv_store = self.kv_transfer = None
+        if config.kv_transfer:
+            self.attach_kv_store(KVStore(block_size, num_blocks * block_size))
+        # disaggregation: after schedule, the prefill worker maps new blocks to the store's; after the forward
+        # (KV landed) it pushes finished prefills' KDA states before their slots are freed
+        self.on_scheduled: Callable[[ScheduledBatch], None] | None = None
+        self.on_forward_done: Callable[[ScheduledBatch], None] | None = None
         if config.quantization is not None:
             self._quantize()
+
+    def attach_kv_store(self, store: object, timeout_s: float = 60.0) -> KVTransfer:
+        """Send every prefill layer's K/V to store on a transfer thread (config's mode and implementation)."""
+        self.kv_store = store
+        self.kv_transfer = KVTransfer(store, self.config.kv_transfer_impl, timeout_s)
+        self.kv_cache.transfer, self.kv_cache.transfer_mode = self.kv_transfer, self.config.kv_transfer_mode
+        return self.kv_transfer
 
     def _size_kv_cache(self, spec: ModelSpec) -> tuple[list, int, int]:
         """Size the attention KV cache from kv_cache_gb; returns (layer formats, block_size, num_blocks)."""
@@ -177,24 +188,7 @@ class LLMEngine:
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
                       request_id: str = "") -> Sequence:
         """Validate and tokenize one request without queueing it (safe to call off the engine thread)."""
-        params = params or SamplingParams()
-        params.validate()
-        if isinstance(prompt, str):
-            token_ids, text = self.tokenizer.encode(prompt), prompt
-        else:
-            token_ids, text = list(prompt), None
-        if not token_ids:
-            raise RequestError("prompt: is empty; give at least one token")
-        vocab = self.spec.vocab_size
-        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
-            raise RequestError(f"prompt: {len(token_ids)} tokens does not fit the context "
-                               f"(max_model_len={self.max_model_len}, one position is needed to generate); "
-                               f"shorten the prompt")
-        return Sequence(token_ids, params, request_id=request_id, prompt=text,
-                        detokenizer=self.tokenizer.detokenizer())
+        return make_sequence(self.tokenizer, self.spec.vocab_size, self.max_model_len, prompt, params, request_id)
 
     def add_sequence(self, seq: Sequence) -> None:
         """Queue a sequence made by make_sequence (FCFS)."""
@@ -231,10 +225,14 @@ class LLMEngine:
         counter("running", len(self.scheduler.running))
         counter("waiting", len(self.scheduler.waiting))
         counter("kv_blocks_used", self.blocks.num_blocks - self.blocks.num_free_blocks)
+        if self.on_scheduled is not None:
+            self.on_scheduled(batch)
         sampled = self.runner.run(batch)
         if self.kv_transfer is not None:  # a prefill is done when its KV is in the store
             self.kv_cache.forward_done()
             self.kv_transfer.wait()
+        if self.on_forward_done is not None:
+            self.on_forward_done(batch)
         now = time.perf_counter()
         with span("detokenize", seqs=len(sampled)):
             return self._advance(batch, sampled, now)
@@ -258,16 +256,44 @@ class LLMEngine:
             if seq.first_token_time is None:
                 seq.first_token_time = now
             updated.append(seq)
-            for token in tokens:
-                seq.output_token_ids.append(token)
-                seq.text += seq.detokenizer.add(token)
-                reason = self._stop_reason(seq, token)
-                if reason:
-                    seq.finish_reason, seq.finish_time = reason, now
-                    self.scheduler.finish(seq)
-                    finished.append(seq)
-                    break
+            if self._append(seq, tokens, now):
+                finished.append(seq)
         return StepUpdate(updated, finished)
+
+    def _append(self, seq: Sequence, tokens: list[int], now: float) -> bool:
+        """Append sampled tokens, detokenizing and applying the stop rules; True when seq finished."""
+        for token in tokens:
+            seq.output_token_ids.append(token)
+            seq.text += seq.detokenizer.add(token)
+            reason = self._stop_reason(seq, token)
+            if reason:
+                seq.finish_reason, seq.finish_time = reason, now
+                self.scheduler.finish(seq)
+                return True
+        return False
+
+    def can_admit(self, seq: Sequence) -> bool:
+        """Whether a request prefilled elsewhere fits now (a running place, blocks for its prompt)."""
+        return self.scheduler.can_admit_running(seq, len(seq.prompt_token_ids))
+
+    def admit_prefilled(self, seq: Sequence, first_token: int, k: torch.Tensor, v: torch.Tensor,
+                        kda_state: torch.Tensor | None) -> None:
+        """Admit a request prefilled elsewhere (check can_admit first): its prompt's K/V rows (k, v:
+        [attention layers, prompt, row]), its KDA states [kda layers, heads, dk, dv] and its first token."""
+        n = seq.num_computed_tokens = len(seq.prompt_token_ids)
+        self.scheduler.admit_running(seq)
+        size = self.kv_cache.block_size
+        positions = torch.arange(n)
+        blocks, offsets = torch.tensor(seq.block_table)[positions // size], positions % size
+        heads = self.spec.num_kv_heads
+        for layer in range(k.shape[0]):
+            self.kv_cache.fill(layer, k[layer].view(n, heads, -1), v[layer].view(n, heads, -1), blocks, offsets)
+        if kda_state is not None:
+            self.kda_states.reset([seq.state_slot])  # a speculative rollback's history starts here too
+            for layer, state in enumerate(self.kda_states.states):
+                state[seq.state_slot] = kda_state[layer]
+        seq.first_token_time = time.perf_counter()
+        self._append(seq, [first_token], seq.first_token_time)
 
     def _draft(self) -> None:
         """Propose drafts for every running greedy sequence past its prompt (n-gram lookup or draft model)."""
@@ -306,6 +332,27 @@ class LLMEngine:
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time,
             num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions,
             prompt_logprobs=_prompt_logprobs(seq))
+
+
+def make_sequence(tokenizer: Tokenizer, vocab_size: int, max_model_len: int, prompt: str | list[int],
+                  params: SamplingParams | None = None, request_id: str = "") -> Sequence:
+    """Validate and tokenize one request (RequestError names the bad field)."""
+    params = params or SamplingParams()
+    params.validate()
+    if isinstance(prompt, str):
+        token_ids, text = tokenizer.encode(prompt), prompt
+    else:
+        token_ids, text = list(prompt), None
+    if not token_ids:
+        raise RequestError("prompt: is empty; give at least one token")
+    bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RequestError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab_size})")
+    if len(token_ids) >= max_model_len:
+        raise RequestError(f"prompt: {len(token_ids)} tokens does not fit the context "
+                           f"(max_model_len={max_model_len}, one position is needed to generate); "
+                           f"shorten the prompt")
+    return Sequence(token_ids, params, request_id=request_id, prompt=text, detokenizer=tokenizer.detokenizer())
 
 
 def _prompt_logprobs(seq: Sequence) -> torch.Tensor | None:

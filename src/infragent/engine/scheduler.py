@@ -86,6 +86,20 @@ class Scheduler:
             budget -= n
         return batch
 
+    def can_admit_running(self, seq: Sequence, num_tokens: int) -> bool:
+        """Whether admit_running would find a place for seq with num_tokens computed tokens."""
+        return len(self.running) < self.max_num_seqs and self.blocks.can_allocate(seq, num_tokens)
+
+    def admit_running(self, seq: Sequence) -> None:
+        """Admit a sequence whose first seq.num_computed_tokens tokens were computed elsewhere (disaggregated
+        prefill) straight into the running set, with blocks for them and a state slot (check first)."""
+        self.blocks.allocate(seq, seq.num_computed_tokens)
+        if self.slots is not None:
+            self.slots.allocate(seq)
+            self.slots.fresh.remove(seq.state_slot)  # its state arrives with it: do not zero it
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         """Free everything seq holds and requeue it at the front; its tokens are recomputed later."""
         self.running.remove(seq)

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from infragent.engine.disagg.router import DisaggEngine
 from infragent.engine.sampling import RequestError
 from infragent.engine.server.async_engine import AsyncEngine, QueueFull, RequestStream
 from infragent.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, chunk_body,
@@ -32,7 +33,7 @@ class APIError(Exception):
         self.headers = headers
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str | None = None) -> FastAPI:
     """The FastAPI app around a (not yet started) AsyncEngine; the app's lifespan starts and stops it."""
 
     @asynccontextmanager

@@ -12,10 +12,10 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 from infragent.engine.config import EngineConfig
+from infragent.engine.deltas import Delta, TextCursor
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.sampling import SamplingParams
 from infragent.engine.sequence import Sequence
@@ -28,16 +28,6 @@ class QueueFull(RuntimeError):
     """The bounded waiting queue is full; the caller should answer 429."""
 
 
-@dataclass
-class Delta:
-    """New output of one request since the previous delta."""
-
-    text: str
-    completion_tokens: int
-    finish_reason: str | None = None  # set on the last delta
-    error: str | None = None
-
-
 class RequestStream:
     """The asyncio side of one request: deltas arrive on a queue filled by the engine thread."""
 
@@ -46,8 +36,7 @@ class RequestStream:
         self.queue: asyncio.Queue[Delta] = asyncio.Queue()
         self.prompt_tokens = len(seq.prompt_token_ids)
         self.finished = False
-        self._sent = 0  # characters of seq.text already delivered
-        self._holdback = max((len(s) for s in seq.params.stop), default=1) - 1
+        self.cursor = TextCursor(seq)
         self._last_token_time: float | None = None
 
     async def deltas(self) -> AsyncIterator[Delta]:
@@ -67,13 +56,6 @@ class RequestStream:
             if delta.finish_reason is not None or delta.error is not None:
                 return Delta("".join(parts), delta.completion_tokens, delta.finish_reason, delta.error)
         raise RuntimeError("stream ended without a finishing delta")
-
-    def next_delta(self, finished: bool) -> Delta:
-        """(engine thread) The text not yet sent, holding back what could still become a stop string."""
-        text = self.seq.text
-        end = len(text) if finished else max(self._sent, len(text) - self._holdback)
-        piece, self._sent = text[self._sent:end], end
-        return Delta(piece, len(self.seq.output_token_ids), self.seq.finish_reason if finished else None)
 
 
 class AsyncEngine:
@@ -193,7 +175,7 @@ class AsyncEngine:
                 self.metrics.itl.observe(now - stream._last_token_time)
             stream._last_token_time = now
             finished = seq.finish_reason is not None
-            delta = stream.next_delta(finished)
+            delta = stream.cursor.next_delta(finished)
             if finished:
                 del self._streams[seq.seq_id]
             if delta.text or finished:

@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation: a router, prefill and decode worker processes, and a KV store between them."""

@@ -1,0 +1,413 @@
+"""DisaggEngine: the router of `infragent serve --disagg`, with AsyncEngine's interface for the HTTP app.
+
+The router tokenizes and validates, gives each request store blocks (and a KDA state slot), sends it to the
+least-loaded live prefill worker, hands it to the least-loaded live decode worker once its KV is in the
+store, and relays the decode worker's text deltas to the request's asyncio queue. All of its state lives on
+one thread ("router"); a reader thread per worker turns pipe messages, and the worker's death, into inbox
+items. A dead worker fails its requests at once with an error that names it; a request stuck in prefill or
+waiting for admission past transfer_timeout_s fails too. Nothing waits forever.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from infragent.engine.config import ConfigError, EngineConfig
+from infragent.engine.deltas import Delta
+from infragent.engine.disagg.store import SharedStore, StoreIndex, StoreLayout
+from infragent.engine.disagg.tcp_store import StoreServer
+from infragent.engine.disagg.worker import run_worker
+from infragent.engine.gguf_weights import read_gguf
+from infragent.engine.llm_engine import make_sequence
+from infragent.engine.sampling import SamplingParams
+from infragent.engine.server.async_engine import QueueFull, RequestStream
+from infragent.engine.server.metrics import ServerMetrics
+from infragent.engine.tokenizer import Tokenizer
+
+log = logging.getLogger("infragent.disagg")
+KV_STORES = ("shm", "tcp")
+
+
+@dataclass
+class DisaggConfig:
+    """How the serving is split: worker counts, the store's transport, the transfer timeout."""
+
+    prefill_workers: int = 1
+    decode_workers: int = 1
+    kv_store: str = "shm"  # shared memory; "tcp" serves the store over a socket (also the fallback)
+    transfer_timeout_s: float = 60.0  # prefill + KV landing, and the wait for admission, per request
+    start_timeout_s: float = 600.0  # a worker must load its model and report ready within this
+
+    def check(self, config: EngineConfig) -> None:
+        """ConfigError naming the field when the split cannot run."""
+        for name in ("prefill_workers", "decode_workers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
+        if self.kv_store not in KV_STORES:
+            raise ConfigError(f"kv_store: {self.kv_store!r}; choose one of {', '.join(KV_STORES)}")
+        if not self.transfer_timeout_s > 0:
+            raise ConfigError(f"transfer_timeout_s: must be positive, got {self.transfer_timeout_s}")
+        clash = [name for name, on in (("tensor_parallel_size", config.tensor_parallel_size > 1),
+                                       ("pipeline_parallel_size", config.pipeline_parallel_size > 1),
+                                       ("speculative", config.speculative is not None),
+                                       ("kv_layout contiguous", config.kv_layout != "paged")) if on]
+        if clash:
+            raise ConfigError(f"disagg: does not combine with {', '.join(clash)} yet; turn them off")
+
+
+@dataclass
+class WorkerHandle:
+    """A worker process, its end of the pipe and its state as the router sees it."""
+
+    role: str
+    index: int  # position in the router's list; the store index records it as an entry's holder
+    process: multiprocessing.process.BaseProcess
+    conn: object
+    alive: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} worker {self.index} (pid {self.process.pid})"
+
+
+@dataclass
+class Flight:
+    """One request between submit and its last delta."""
+
+    stream: RequestStream
+    stage: str = "queued"  # queued → prefill → decode
+    worker: WorkerHandle | None = None
+    deadline: float = float("inf")  # for prefill, and for a decode worker's admission
+    completion_tokens: int = 0
+    last_token_time: float | None = None
+    rid: str = field(default="")
+
+
+class DisaggEngine:
+    """Router + prefill workers + decode workers + KV store."""
+
+    def __init__(self, config: EngineConfig, disagg: DisaggConfig | None = None, max_waiting: int = 256,
+                 metrics: ServerMetrics | None = None) -> None:
+        self.disagg = disagg = disagg or DisaggConfig()
+        disagg.check(config)
+        self.max_waiting = max_waiting
+        self.metrics = metrics or ServerMetrics()
+        self.tokenizer = Tokenizer.from_reader(read_gguf(config.gguf_path))
+        roles = ["prefill"] * disagg.prefill_workers + ["decode"] * disagg.decode_workers
+        base = dataclasses.replace(config, enable_prefix_caching=False)  # every prompt's KV must be pushed
+        configs = {"prefill": dataclasses.replace(base, kv_transfer=True), "decode": base}
+        context = multiprocessing.get_context("spawn")
+        self.workers: list[WorkerHandle] = []
+        for index, role in enumerate(roles):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=run_worker, args=(role, configs[role], theirs,
+                                                               disagg.transfer_timeout_s),
+                                      name=f"infragent-{role}-{index}", daemon=True)
+            process.start()
+            theirs.close()
+            self.workers.append(WorkerHandle(role, index, process, ours))
+        try:
+            infos = [self._wait_ready(w) for w in self.workers]
+            layout = infos[-1]["layout"]  # a decode worker's: the store holds what one decode cache holds
+            self.store = self._open_store(layout)
+        except BaseException:
+            self._stop_workers()
+            raise
+        for w in self.workers:
+            w.conn.send(("store", self.store.spec))
+        self.index = StoreIndex(layout)
+        self.vocab_size, self.max_model_len = infos[0]["vocab_size"], infos[0]["max_model_len"]
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._flights: dict[str, Flight] = {}
+        self._queued: collections.deque[Flight] = collections.deque()
+        self._lock = threading.Lock()
+        self._not_started = 0  # submitted, not yet sent to a prefill worker
+        self._ids = itertools.count()
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads: list[threading.Thread] = []
+
+    # the AsyncEngine interface the app uses
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the router thread and one reader per worker; deltas are delivered on loop."""
+        self._loop = loop
+        self._threads = [threading.Thread(target=self._read, args=(w,), name=f"read-{w.role}-{w.index}",
+                                          daemon=True) for w in self.workers]
+        self._threads.append(threading.Thread(target=self._route, name="router", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop routing (requests in flight fail), stop the workers, remove the store."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._stop_workers(timeout)
+        self.store.close()
+
+    def is_alive(self) -> bool:
+        """Whether requests can be served: the router runs and both roles have a live worker."""
+        router = bool(self._threads) and self._threads[-1].is_alive()
+        return router and all(any(w.alive for w in self.workers if w.role == role) for role in ("prefill", "decode"))
+
+    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str = "") -> RequestStream:
+        """Validate and queue a request (RequestError names a bad field; QueueFull means answer 429)."""
+        with self._lock:
+            if self._not_started >= self.max_waiting:
+                raise QueueFull(f"{self._not_started} requests are waiting (max_waiting={self.max_waiting}); "
+                                f"retry later")
+            self._not_started += 1
+        try:
+            seq = make_sequence(self.tokenizer, self.vocab_size, self.max_model_len, prompt, params,
+                                request_id or f"disagg-{next(self._ids)}")
+        except Exception:
+            with self._lock:
+                self._not_started -= 1
+            raise
+        stream = RequestStream(seq)
+        self._inbox.put(("add", stream))
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Drop the request wherever it is (its store blocks are freed once its worker lets go)."""
+        if not stream.finished:
+            self._inbox.put(("abort", stream))
+
+    # the router thread
+
+    def _route(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._inbox.get(timeout=0.05)
+                while True:
+                    self._handle(item)
+                    item = self._inbox.get_nowait()
+            except queue.Empty:
+                pass
+            self._dispatch()
+            self._expire(time.monotonic())
+            self._publish_gauges()
+        for flight in list(self._flights.values()):
+            self._fail(flight, "server shutting down")
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "add":
+            flight = Flight(item[1], rid=item[1].seq.request_id)
+            self._flights[flight.rid] = flight
+            self._queued.append(flight)
+        elif kind == "abort":
+            flight = self._flights.pop(item[1].seq.request_id, None)
+            if flight is not None:
+                self.metrics.aborted(flight.stream.prompt_tokens, flight.completion_tokens)
+                self._leave(flight)
+        elif kind == "died":
+            self._died(item[1])
+        else:
+            self._on_message(item[1], item[2])
+
+    def _on_message(self, worker: WorkerHandle, message: tuple) -> None:
+        kind, rid = message[0], message[1]
+        if kind == "prefilled":
+            self._prefilled(rid, *message[2:])
+        elif kind in ("admitted", "dropped"):
+            self.index.free(rid)
+            flight = self._flights.get(rid)
+            if flight is not None and kind == "admitted":
+                flight.deadline = float("inf")
+        elif kind == "deltas":
+            self._deltas(message[1])
+        elif kind == "failed":
+            _, rid, text, released = message
+            if released:
+                self.index.free(rid)
+            flight = self._flights.pop(rid, None)
+            if flight is not None:
+                self._post(flight, Delta("", flight.completion_tokens, None, error=text))
+        elif kind == "released":
+            for fenced in rid:
+                self.index.free(fenced)
+
+    def _dispatch(self) -> None:
+        """Queued requests to prefill workers while the store has room (FCFS)."""
+        while self._queued:
+            flight = self._queued[0]
+            if flight.rid not in self._flights:  # aborted while queued
+                self._queued.popleft()
+                self._started()
+                continue
+            worker = self._least_loaded("prefill")
+            if worker is None:
+                self._queued.popleft()
+                self._started()
+                self._fail(flight, "no prefill worker is alive; the server cannot take requests")
+                continue
+            seq = flight.stream.seq
+            entry = self.index.allocate(flight.rid, len(seq.prompt_token_ids), worker.index)
+            if entry is None:
+                return  # the store is full: wait for admissions to free blocks
+            self._queued.popleft()
+            self._started()
+            flight.stage, flight.worker = "prefill", worker
+            flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s
+            self._send(worker, ("prefill", flight.rid, seq.prompt_token_ids, seq.params, entry.blocks,
+                                entry.state_slot))
+
+    def _prefilled(self, rid: str, first_token: int, generator_state: bytes | None) -> None:
+        flight = self._flights.get(rid)
+        if flight is None:  # aborted or failed meanwhile
+            self.index.free(rid)
+            return
+        worker = self._least_loaded("decode")
+        if worker is None:
+            self.index.free(rid)
+            self._flights.pop(rid)
+            self._fail(flight, "no decode worker is alive; the request was prefilled but cannot be decoded")
+            return
+        entry = self.index.entries[rid]
+        entry.holder = worker.index
+        flight.stage, flight.worker = "decode", worker
+        flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s
+        seq = flight.stream.seq
+        self._send(worker, ("decode", rid, seq.prompt_token_ids, seq.params, first_token, generator_state,
+                            entry.blocks, entry.state_slot))
+
+    def _deltas(self, deltas: list[tuple]) -> None:
+        now = time.perf_counter()
+        for rid, text, tokens, finish_reason in deltas:
+            flight = self._flights.get(rid)
+            if flight is None:
+                continue
+            if flight.last_token_time is None:
+                self.metrics.ttft.observe(now - flight.stream.seq.arrival_time)
+            else:
+                self.metrics.itl.observe(now - flight.last_token_time)
+            flight.last_token_time, flight.completion_tokens = now, tokens
+            if finish_reason is not None:
+                del self._flights[rid]
+            self._post(flight, Delta(text, tokens, finish_reason))
+
+    def _died(self, worker: WorkerHandle) -> None:
+        """Fail every request the worker held; free the store entries it could still touch."""
+        if not worker.alive:
+            return
+        worker.alive = False
+        worker.process.join(1.0)
+        message = (f"{worker.name} died (exit code {worker.process.exitcode}); the request was lost in "
+                   f"{worker.role}; retry it")
+        log.error("%s died (exit code %s)", worker.name, worker.process.exitcode)
+        for flight in [f for f in self._flights.values() if f.worker is worker]:
+            del self._flights[flight.rid]
+            self._fail(flight, message)
+        for rid in self.index.held_by(worker.index):
+            self.index.free(rid)
+
+    def _expire(self, now: float) -> None:
+        for flight in [f for f in self._flights.values() if f.deadline < now]:
+            del self._flights[flight.rid]
+            what = "prefill and KV transfer" if flight.stage == "prefill" else "admission by a decode worker"
+            self._fail(flight, f"{what} did not finish within transfer_timeout_s="
+                               f"{self.disagg.transfer_timeout_s:g} s ({flight.worker.name}); retry it")
+            self._leave(flight)
+
+    def _leave(self, flight: Flight) -> None:
+        """Tell the worker holding a flight to drop it (the entry is freed when it answers)."""
+        if flight.worker is not None and flight.worker.alive:
+            self._send(flight.worker, ("abort", flight.rid))
+
+    def _send(self, worker: WorkerHandle, message: tuple) -> None:
+        """To a worker's pipe; a broken pipe means it died (its flights fail now, not at a timeout)."""
+        try:
+            worker.conn.send(message)
+        except (OSError, ValueError):
+            self._died(worker)
+
+    def _fail(self, flight: Flight, message: str) -> None:
+        self._flights.pop(flight.rid, None)
+        self._post(flight, Delta("", flight.completion_tokens, None, error=message))
+
+    def _started(self) -> None:
+        with self._lock:
+            self._not_started -= 1
+
+    def _least_loaded(self, role: str) -> WorkerHandle | None:
+        live = [w for w in self.workers if w.role == role and w.alive]
+        if not live:
+            return None
+        load = collections.Counter(f.worker.index for f in self._flights.values() if f.worker is not None)
+        return min(live, key=lambda w: load[w.index])
+
+    def _post(self, flight: Flight, delta: Delta) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(flight.stream.queue.put_nowait, delta)
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    def _publish_gauges(self) -> None:
+        stages = collections.Counter(f.stage for f in self._flights.values())
+        layout, index = self.index.layout, self.index
+        self.metrics.set_state(running=stages["decode"], waiting=stages["queued"] + stages["prefill"],
+                               kv_blocks_used=layout.num_blocks - len(index.free_blocks),
+                               kv_blocks_total=layout.num_blocks,
+                               state_slots_used=layout.num_state_slots - len(index.free_slots),
+                               state_slots_total=layout.num_state_slots)
+
+    # the workers' side
+
+    def _read(self, worker: WorkerHandle) -> None:
+        """Pipe messages → the router's inbox; a closed pipe or a dead process → ("died", worker)."""
+        while not self._stop.is_set():
+            try:
+                if worker.conn.poll(0.2):
+                    self._inbox.put(("message", worker, worker.conn.recv()))
+                elif not worker.process.is_alive():
+                    break
+            except (EOFError, OSError):
+                break
+        if not self._stop.is_set():
+            self._inbox.put(("died", worker))
+
+    def _wait_ready(self, worker: WorkerHandle) -> dict:
+        deadline = time.monotonic() + self.disagg.start_timeout_s
+        while time.monotonic() < deadline:
+            if worker.conn.poll(0.5):
+                kind, info = worker.conn.recv()
+                if kind == "broken":
+                    raise ConfigError(f"disagg: {worker.name} could not start: {info}")
+                return info
+            if not worker.process.is_alive():
+                raise RuntimeError(f"disagg: {worker.name} exited (code {worker.process.exitcode}) while starting")
+        raise TimeoutError(f"disagg: {worker.name} was not ready within {self.disagg.start_timeout_s:g} s")
+
+    def _open_store(self, layout: StoreLayout) -> SharedStore | StoreServer:
+        """The shared-memory store, or the TCP one when asked for or when shared memory is unavailable."""
+        if self.disagg.kv_store == "shm":
+            try:
+                return SharedStore(layout)
+            except OSError as err:
+                log.warning("shared memory unavailable (%s); the KV store falls back to TCP", err)
+        return StoreServer(layout)
+
+    def _stop_workers(self, timeout: float = 10.0) -> None:
+        for w in self.workers:
+            try:
+                w.conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        for w in self.workers:
+            w.process.join(timeout)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(5)
