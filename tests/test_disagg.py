@@ -113,7 +113,9 @@ def test_transfer_wait_times_out_on_a_stalled_store():
     engine.close()
 
 
-PROMPTS = [[5, 9, 200, 31, 7, 1000, 42] * (i + 1) for i in range(5)] + [list(range(300, 340))]
+# a one-token prompt, and one whose chunked prefill (64 tokens a step) ends in a one-token chunk: such rows run
+# as decodes, and their KV must still be transferred
+PROMPTS = [[5, 9, 200, 31, 7, 1000, 42] * (i + 1) for i in range(4)] + [[77], list(range(300, 365))]
 
 
 @pytest.mark.parametrize("kv_store, mode, impl", [("shm", "layerwise", "bulk"), ("shm", "after_prefill", "serialize"),

@@ -305,6 +305,9 @@ def serve(
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
 
     from infragent.engine.config import ConfigError, EngineConfig, HybridConfig
     from infragent.engine.disagg.router import DisaggConfig

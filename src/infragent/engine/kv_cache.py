@@ -45,9 +45,9 @@ class KVCache:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
         with span("kv.write", layer=layer, tokens=k.shape[0]):
             self.fill(layer, k, v, inputs.slot_blocks, inputs.slot_offsets)
-        if self.transfer is not None and k.shape[0] > inputs.num_decodes:
-            d = inputs.num_decodes  # decode rows come first; only prefill rows move to the store
-            self._unsent = (layer, k[d:], v[d:], inputs.slot_blocks[d:], inputs.slot_offsets[d:])
+        rows = inputs.transfer_rows
+        if self.transfer is not None and rows is not None:  # the prompt's rows (copies: indexed) move to the store
+            self._unsent = (layer, k[rows], v[rows], inputs.slot_blocks[rows], inputs.slot_offsets[rows])
 
     def fill(self, layer: int, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor,
              offsets: torch.Tensor) -> None:

@@ -110,9 +110,9 @@ class KVTransfer:
 
     def publish(self, layer: int, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor,
                 offsets: torch.Tensor) -> None:
-        """Queue a layer's freshly written rows (k, v: [T, kv_heads, head_dim]) with their cache slots."""
-        self._queue.put((layer, k.reshape(k.shape[0], -1).clone(), v.reshape(v.shape[0], -1).clone(),
-                         blocks.clone(), offsets.clone()))
+        """Queue a layer's freshly written rows (k, v: [T, kv_heads, head_dim]) with their cache slots; the
+        tensors must be the transfer's own (copies nobody writes to)."""
+        self._queue.put((layer, k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1), blocks, offsets))
 
     def wait(self) -> None:
         """Block until every published layer is in the store; TransferTimeout after timeout_s."""

@@ -37,6 +37,7 @@ class StepInputs:
     # speculative decoding: each sequence's last token and drafts, after the plain decodes and counted in
     # num_decodes (attention runs them as decodes); KDA runs them token by token with a rollback
     verifies: list[PrefillChunk] = field(default_factory=list)
+    transfer_rows: torch.Tensor | None = None  # with a KV transfer: the rows at prompt positions (they go out)
     rope_cos: torch.Tensor | None = None  # [T, 1, head_dim] rotary tables at this step's positions
     rope_sin: torch.Tensor | None = None
 

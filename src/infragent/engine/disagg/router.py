@@ -123,6 +123,9 @@ class DisaggEngine:
             raise
         for w in self.workers:
             w.conn.send(("store", self.store.spec))
+            log.info("%s ready", w.name)
+        log.info("KV store: %s, %d blocks of %d tokens, %d state slots", self.store.spec[0], layout.num_blocks,
+                 layout.block_size, layout.num_state_slots)
         self.index = StoreIndex(layout)
         self.vocab_size, self.max_model_len = infos[0]["vocab_size"], infos[0]["max_model_len"]
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
