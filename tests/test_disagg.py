@@ -220,3 +220,35 @@ def test_a_dead_prefill_worker_fails_new_requests_clearly():
     alive, out = asyncio.run(run())
     assert alive is False
     assert out.error is not None and "no prefill worker is alive" in out.error
+
+
+def test_a_stalled_worker_fails_its_requests_at_the_transfer_timeout_and_serving_goes_on():
+    async def run() -> dict:
+        engine = DisaggEngine(tiny_config(), DisaggConfig(transfer_timeout_s=2.0))
+        engine.start(asyncio.get_running_loop())
+        params = SamplingParams(max_tokens=400, ignore_eos=True)
+        prefill, decode = (next(w for w in engine.workers if w.role == role) for role in ("prefill", "decode"))
+        try:
+            os.kill(prefill.process.pid, signal.SIGSTOP)  # stuck in prefill
+            stuck_prefill = await engine.submit([1, 2, 3], params).collect()
+            os.kill(prefill.process.pid, signal.SIGCONT)
+            stream = engine.submit([4, 5, 6], params)
+            first = await stream.queue.get()  # decoding has started
+            os.kill(decode.process.pid, signal.SIGSTOP)  # stuck between tokens
+            stuck_decode = await stream.collect()
+            os.kill(decode.process.pid, signal.SIGCONT)
+            after = await engine.submit([7, 8, 9], SamplingParams(max_tokens=5)).collect()
+            await asyncio.sleep(0.5)  # the workers' "dropped" answers free the store blocks
+            return dict(stuck_prefill=stuck_prefill, first=first, stuck_decode=stuck_decode, after=after,
+                        free=len(engine.index.free_blocks), total=engine.index.layout.num_blocks)
+        finally:
+            for w in (prefill, decode):
+                os.kill(w.process.pid, signal.SIGCONT)
+            engine.shutdown()
+
+    out = asyncio.run(run())
+    assert "prefill and KV transfer did not finish within transfer_timeout_s=2 s" in out["stuck_prefill"].error
+    assert out["first"].error is None
+    assert "no token came within transfer_timeout_s=2 s (decode worker" in out["stuck_decode"].error
+    assert out["after"].error is None and out["after"].completion_tokens == 5
+    assert out["free"] == out["total"]

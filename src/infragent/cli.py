@@ -301,7 +301,8 @@ def serve(
     decode_workers: int = typer.Option(1, "--decode-workers", help="--disagg: decode worker processes."),
     kv_store: str = typer.Option("shm", "--kv-store", help="--disagg: shm (shared memory) or tcp."),
     transfer_timeout: float = typer.Option(60.0, "--transfer-timeout", help="--disagg: seconds a request may "
-                                           "spend in prefill + KV transfer, and waiting for admission."),
+                                           "spend in prefill + KV transfer, in waiting for admission, or "
+                                           "between two tokens before it fails."),
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json

@@ -4,8 +4,9 @@ The router tokenizes and validates, gives each request store blocks (and a KDA s
 least-loaded live prefill worker, hands it to the least-loaded live decode worker once its KV is in the
 store, and relays the decode worker's text deltas to the request's asyncio queue. All of its state lives on
 one thread ("router"); a reader thread per worker turns pipe messages, and the worker's death, into inbox
-items. A dead worker fails its requests at once with an error that names it; a request stuck in prefill or
-waiting for admission past transfer_timeout_s fails too. Nothing waits forever.
+items. A dead worker fails its requests at once with an error that names it; a request stuck in prefill, in
+waiting for admission, or between two tokens for longer than transfer_timeout_s fails too. Nothing waits
+forever.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class DisaggConfig:
     prefill_workers: int = 1
     decode_workers: int = 1
     kv_store: str = "shm"  # shared memory; "tcp" serves the store over a socket (also the fallback)
-    transfer_timeout_s: float = 60.0  # prefill + KV landing, and the wait for admission, per request
+    transfer_timeout_s: float = 60.0  # per request: prefill + KV landing, the wait for admission, each token gap
     start_timeout_s: float = 600.0  # a worker must load its model and report ready within this
 
     def check(self, config: EngineConfig) -> None:
@@ -85,7 +86,8 @@ class Flight:
     stream: RequestStream
     stage: str = "queued"  # queued → prefill → decode
     worker: WorkerHandle | None = None
-    deadline: float = float("inf")  # for prefill, and for a decode worker's admission
+    deadline: float = float("inf")  # for prefill + transfer, admission, then each next token
+    admitted: bool = False
     completion_tokens: int = 0
     last_token_time: float | None = None
     rid: str = field(default="")
@@ -226,7 +228,8 @@ class DisaggEngine:
             self.index.free(rid)
             flight = self._flights.get(rid)
             if flight is not None and kind == "admitted":
-                flight.deadline = float("inf")
+                flight.admitted = True
+                flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s
         elif kind == "deltas":
             self._deltas(message[1])
         elif kind == "failed":
@@ -295,6 +298,7 @@ class DisaggEngine:
             else:
                 self.metrics.itl.observe(now - flight.last_token_time)
             flight.last_token_time, flight.completion_tokens = now, tokens
+            flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s  # a stuck decode fails too
             if finish_reason is not None:
                 del self._flights[rid]
             self._post(flight, Delta(text, tokens, finish_reason))
@@ -317,9 +321,10 @@ class DisaggEngine:
     def _expire(self, now: float) -> None:
         for flight in [f for f in self._flights.values() if f.deadline < now]:
             del self._flights[flight.rid]
-            what = "prefill and KV transfer" if flight.stage == "prefill" else "admission by a decode worker"
-            self._fail(flight, f"{what} did not finish within transfer_timeout_s="
-                               f"{self.disagg.transfer_timeout_s:g} s ({flight.worker.name}); retry it")
+            what = ("prefill and KV transfer did not finish" if flight.stage == "prefill" else
+                    "no token came" if flight.admitted else "no decode worker admitted it")
+            self._fail(flight, f"{what} within transfer_timeout_s={self.disagg.transfer_timeout_s:g} s "
+                               f"({flight.worker.name}); retry it")
             self._leave(flight)
 
     def _leave(self, flight: Flight) -> None:

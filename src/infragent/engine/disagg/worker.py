@@ -128,6 +128,10 @@ class PrefillWorker(Worker):
         self.fenced: list[str] = []  # failed on a transfer timeout: late rows may still land in their blocks
 
     def handle(self, message: tuple) -> None:
+        if message[0] == "abort":
+            if message[1] in self.fenced:
+                return  # its blocks are freed by "released", once late rows can no longer land in them
+            self.entries.pop(message[1], None)
         if message[0] != "prefill":
             return super().handle(message)
         _, rid, token_ids, params, blocks, state_slot = message
