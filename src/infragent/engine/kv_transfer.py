@@ -134,6 +134,9 @@ class KVTransfer:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        # This thread's copies run on itself alone: an OpenMP team of its own would spin on the cores the
+        # engine thread's GEMMs use (a per-thread setting; the engine thread keeps its threads).
+        torch.set_num_threads(1)
         while True:
             item = self._queue.get()
             try:
