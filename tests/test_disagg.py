@@ -252,3 +252,12 @@ def test_a_stalled_worker_fails_its_requests_at_the_transfer_timeout_and_serving
     assert "no token came within transfer_timeout_s=2 s (decode worker" in out["stuck_decode"].error
     assert out["after"].error is None and out["after"].completion_tokens == 5
     assert out["free"] == out["total"]
+
+
+def test_the_store_falls_back_to_tcp_when_shared_memory_is_too_small(monkeypatch):
+    from infragent.engine.disagg import router
+
+    monkeypatch.setattr(router, "_shm_free_bytes", lambda: 1 << 20)  # a 1 MB /dev/shm, as in a bare container
+    out = generate(tiny_config(), DisaggConfig(kv_store="shm"), [[5, 6, 7]], SamplingParams(max_tokens=4))
+    assert out[0].error is None and out[0].completion_tokens == 4
+    assert _ENGINES[-1].store.spec[0] == "tcp"

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -402,10 +403,15 @@ class DisaggEngine:
     def _open_store(self, layout: StoreLayout) -> SharedStore | StoreServer:
         """The shared-memory store, or the TCP one when asked for or when shared memory is unavailable."""
         if self.disagg.kv_store == "shm":
-            try:
-                return SharedStore(layout)
-            except OSError as err:
-                log.warning("shared memory unavailable (%s); the KV store falls back to TCP", err)
+            free = _shm_free_bytes()
+            if free is not None and free < layout.nbytes:  # a segment past tmpfs's space dies with SIGBUS on use
+                log.warning("/dev/shm has %d MB free, the KV store needs %d MB; it falls back to TCP (lower "
+                            "kv_cache_gb, or give the container a larger /dev/shm)", free >> 20, layout.nbytes >> 20)
+            else:
+                try:
+                    return SharedStore(layout)
+                except OSError as err:
+                    log.warning("shared memory unavailable (%s); the KV store falls back to TCP", err)
         return StoreServer(layout)
 
     def _stop_workers(self, timeout: float = 10.0) -> None:
@@ -419,3 +425,12 @@ class DisaggEngine:
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join(5)
+
+
+def _shm_free_bytes() -> int | None:
+    """Free bytes of /dev/shm (None where there is no such mount)."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
