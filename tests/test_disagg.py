@@ -20,7 +20,7 @@ from infragent.engine.disagg.tcp_store import StoreServer, TCPStoreClient
 from infragent.engine.kv_transfer import TransferTimeout
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.sampling import SamplingParams
-from server_fixture import thread_server, tiny_config
+from server_fixture import metric, thread_server, tiny_config
 
 LAYOUT = StoreLayout(num_blocks=8, block_size=4, num_layers=2, row=6, num_state_slots=3, state_shape=(2, 2, 3, 3))
 
@@ -172,6 +172,9 @@ def test_a_decode_worker_killed_under_load_fails_only_its_requests():
         assert failed and all("died" in text and f"pid {victim}" in text for text in failed), results
         assert codes.count(200) >= 1  # the other decode worker's requests completed
         assert httpx.get(f"{url}/health").status_code == 200
+        assert metric(url, "infragent:disagg_worker_deaths_total", 'role="decode"') == 1
+        assert metric(url, "infragent:disagg_workers_alive", 'role="decode"') == 1
+        assert metric(url, "infragent:disagg_request_failures_total", 'cause="worker_died"') == len(failed)
         after = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 4}, timeout=60)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
 

@@ -203,7 +203,7 @@ class DisaggEngine:
             self._expire(time.monotonic())
             self._publish_gauges()
         for flight in list(self._flights.values()):
-            self._fail(flight, "server shutting down")
+            self._fail(flight, "server shutting down", "shutdown")
 
     def _handle(self, item: tuple) -> None:
         kind = item[0]
@@ -237,9 +237,9 @@ class DisaggEngine:
             _, rid, text, released = message
             if released:
                 self.index.free(rid)
-            flight = self._flights.pop(rid, None)
+            flight = self._flights.get(rid)
             if flight is not None:
-                self._post(flight, Delta("", flight.completion_tokens, None, error=text))
+                self._fail(flight, text, "worker_error")
         elif kind == "released":
             for fenced in rid:
                 self.index.free(fenced)
@@ -256,7 +256,7 @@ class DisaggEngine:
             if worker is None:
                 self._queued.popleft()
                 self._started()
-                self._fail(flight, "no prefill worker is alive; the server cannot take requests")
+                self._fail(flight, "no prefill worker is alive; the server cannot take requests", "no_worker")
                 continue
             seq = flight.stream.seq
             entry = self.index.allocate(flight.rid, len(seq.prompt_token_ids), worker.index)
@@ -278,7 +278,8 @@ class DisaggEngine:
         if worker is None:
             self.index.free(rid)
             self._flights.pop(rid)
-            self._fail(flight, "no decode worker is alive; the request was prefilled but cannot be decoded")
+            self._fail(flight, "no decode worker is alive; the request was prefilled but cannot be decoded",
+                       "no_worker")
             return
         entry = self.index.entries[rid]
         entry.holder = worker.index
@@ -309,23 +310,22 @@ class DisaggEngine:
         if not worker.alive:
             return
         worker.alive = False
+        self.metrics.worker_deaths.labels(role=worker.role).inc()
         worker.process.join(1.0)
         message = (f"{worker.name} died (exit code {worker.process.exitcode}); the request was lost in "
                    f"{worker.role}; retry it")
         log.error("%s died (exit code %s)", worker.name, worker.process.exitcode)
         for flight in [f for f in self._flights.values() if f.worker is worker]:
-            del self._flights[flight.rid]
-            self._fail(flight, message)
+            self._fail(flight, message, "worker_died")
         for rid in self.index.held_by(worker.index):
             self.index.free(rid)
 
     def _expire(self, now: float) -> None:
         for flight in [f for f in self._flights.values() if f.deadline < now]:
-            del self._flights[flight.rid]
             what = ("prefill and KV transfer did not finish" if flight.stage == "prefill" else
                     "no token came" if flight.admitted else "no decode worker admitted it")
             self._fail(flight, f"{what} within transfer_timeout_s={self.disagg.transfer_timeout_s:g} s "
-                               f"({flight.worker.name}); retry it")
+                               f"({flight.worker.name}); retry it", "timeout")
             self._leave(flight)
 
     def _leave(self, flight: Flight) -> None:
@@ -340,8 +340,9 @@ class DisaggEngine:
         except (OSError, ValueError):
             self._died(worker)
 
-    def _fail(self, flight: Flight, message: str) -> None:
+    def _fail(self, flight: Flight, message: str, cause: str) -> None:
         self._flights.pop(flight.rid, None)
+        self.metrics.request_failures.labels(cause=cause).inc()
         self._post(flight, Delta("", flight.completion_tokens, None, error=message))
 
     def _started(self) -> None:
@@ -365,6 +366,8 @@ class DisaggEngine:
             pass
 
     def _publish_gauges(self) -> None:
+        for role in ("prefill", "decode"):
+            self.metrics.workers_alive.labels(role=role).set(sum(w.alive for w in self.workers if w.role == role))
         stages = collections.Counter(f.stage for f in self._flights.values())
         layout, index = self.index.layout, self.index
         self.metrics.set_state(running=stages["decode"], waiting=stages["queued"] + stages["prefill"],

@@ -34,6 +34,14 @@ class ServerMetrics:
         self.itl = Histogram("infragent:inter_token_latency_seconds", "Time between consecutive tokens of a "
                              "request.", buckets=LATENCY_BUCKETS, registry=registry)
 
+        self.workers_alive = Gauge("infragent:disagg_workers_alive", "Disaggregated serving: live worker "
+                                   "processes by role.", ["role"], registry=registry)
+        self.worker_deaths = Counter("infragent:disagg_worker_deaths", "Disaggregated serving: worker processes "
+                                     "that died, by role.", ["role"], registry=registry)
+        self.request_failures = Counter("infragent:disagg_request_failures", "Disaggregated serving: requests "
+                                        "failed by the router, by cause (worker_died, timeout, worker_error, "
+                                        "no_worker).", ["cause"], registry=registry)
+
     def delivered(self, status: str, prompt_tokens: int, completion_tokens: int) -> None:
         """A request whose response (with usage) went out; status is its finish reason."""
         self.requests.labels(status=status).inc()
