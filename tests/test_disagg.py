@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import threading
 import time
@@ -20,7 +21,7 @@ from infragent.engine.disagg.tcp_store import StoreServer, TCPStoreClient
 from infragent.engine.kv_transfer import TransferTimeout
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.sampling import SamplingParams
-from server_fixture import metric, thread_server, tiny_config
+from server_fixture import metric, process_server, thread_server, tiny_config
 
 LAYOUT = StoreLayout(num_blocks=8, block_size=4, num_layers=2, row=6, num_state_slots=3, state_shape=(2, 2, 3, 3))
 
@@ -264,3 +265,39 @@ def test_the_store_falls_back_to_tcp_when_shared_memory_is_too_small(monkeypatch
     out = generate(tiny_config(), DisaggConfig(kv_store="shm"), [[5, 6, 7]], SamplingParams(max_tokens=4))
     assert out[0].error is None and out[0].completion_tokens == 4
     assert _ENGINES[-1].store.spec[0] == "tcp"
+
+
+def test_serve_disagg_from_the_command_line_streams_then_exits_cleanly_on_sigterm():
+    with process_server("--disagg", "--decode-workers", "2", "--shutdown-timeout", "20") as (url, proc):
+        pids = []
+        while len(pids) < 3:  # the router logs each worker as it becomes ready, before uvicorn starts
+            found = re.search(r"worker \d \(pid (\d+)\) ready", proc.stdout.readline())
+            if found:
+                pids.append(int(found.group(1)))
+        assert metric(url, "infragent:disagg_workers_alive", 'role="decode"') == 2
+        lines: list[str] = []
+
+        def stream() -> None:
+            body = {"prompt": "count", "max_tokens": 60, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+                lines.extend(response.iter_lines())
+        reader = threading.Thread(target=stream)
+        reader.start()
+        deadline = time.monotonic() + 20
+        while metric(url, "infragent:num_requests_running") < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # the in-flight request finishes, then the workers stop
+        reader.join(60)
+        assert proc.wait(30) == 0
+        assert any('"finish_reason":"length"' in line.replace(" ", "") for line in lines), lines[-3:]
+        time.sleep(1)
+        assert [pid for pid in pids if _running(pid)] == []
+
+
+def _running(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
