@@ -90,6 +90,10 @@ class KVCache:
             self.transfer.publish(*layer)
         self._held = []
 
+    def discard_unsent(self) -> None:
+        """Forget rows not yet handed to the transfer (their forward failed)."""
+        self._unsent, self._held = None, []
+
     def decode_context(self, layer: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of every decode's context as blocks: [B, blocks, kv_heads, block_len, head_dim]."""
         k, v = self.k[layer], self.v[layer]

@@ -104,19 +104,7 @@ class DisaggEngine:
         self.max_waiting = max_waiting
         self.metrics = metrics or ServerMetrics()
         self.tokenizer = Tokenizer.from_reader(read_gguf(config.gguf_path))
-        roles = ["prefill"] * disagg.prefill_workers + ["decode"] * disagg.decode_workers
-        base = dataclasses.replace(config, enable_prefix_caching=False)  # every prompt's KV must be pushed
-        configs = {"prefill": dataclasses.replace(base, kv_transfer=True), "decode": base}
-        context = multiprocessing.get_context("spawn")
-        self.workers: list[WorkerHandle] = []
-        for index, role in enumerate(roles):
-            ours, theirs = context.Pipe()
-            process = context.Process(target=run_worker, args=(role, configs[role], theirs,
-                                                               disagg.transfer_timeout_s),
-                                      name=f"infragent-{role}-{index}", daemon=True)
-            process.start()
-            theirs.close()
-            self.workers.append(WorkerHandle(role, index, process, ours))
+        self.workers = _spawn_workers(config, disagg)
         try:
             infos = [self._wait_ready(w) for w in self.workers]
             layout = infos[-1]["layout"]  # a decode worker's: the store holds what one decode cache holds
@@ -428,6 +416,23 @@ class DisaggEngine:
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join(5)
+
+
+def _spawn_workers(config: EngineConfig, disagg: DisaggConfig) -> list[WorkerHandle]:
+    """Start the prefill workers, then the decode workers (prefix caching off: every prompt's KV must go out)."""
+    base = dataclasses.replace(config, enable_prefix_caching=False)
+    configs = {"prefill": dataclasses.replace(base, kv_transfer=True), "decode": base}
+    roles = ["prefill"] * disagg.prefill_workers + ["decode"] * disagg.decode_workers
+    context = multiprocessing.get_context("spawn")
+    workers = []
+    for index, role in enumerate(roles):
+        ours, theirs = context.Pipe()
+        process = context.Process(target=run_worker, args=(role, configs[role], theirs, disagg.transfer_timeout_s),
+                                  name=f"infragent-{role}-{index}", daemon=True)
+        process.start()
+        theirs.close()
+        workers.append(WorkerHandle(role, index, process, ours))
+    return workers
 
 
 def _shm_free_bytes() -> int | None:

@@ -157,7 +157,9 @@ class PrefillWorker(Worker):
             self.conn.send(("prefilled", seq.request_id, seq.output_token_ids[0], state))
 
     def fail_all(self, err: Exception) -> None:
-        if isinstance(err, TransferTimeout):  # hold the store blocks until the late rows have landed
+        self.engine.kv_cache.discard_unsent()  # rows of the failed forward not yet handed to the transfer
+        if isinstance(err, TransferTimeout) or self.transfer.busy():
+            # rows already published may still land: the store blocks stay held until the transfer drains
             self.fenced += list(self.seqs)
             for rid, seq in self.seqs.items():
                 self.engine.abort(seq)
@@ -165,7 +167,7 @@ class PrefillWorker(Worker):
             self.seqs.clear()
         else:
             super().fail_all(err)
-        self.entries = {rid: e for rid, e in self.entries.items() if rid in self.seqs}
+        self.entries.clear()
 
     def _map_blocks(self, batch: ScheduledBatch) -> None:
         """Point this step's engine blocks at the requests' store blocks (the transfer reads the map)."""
