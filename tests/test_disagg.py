@@ -18,7 +18,7 @@ from infragent.engine.disagg.offline import generate
 from infragent.engine.disagg.router import DisaggConfig, DisaggEngine
 from infragent.engine.disagg.store import KVPool, SharedStore, StoreIndex, StoreLayout
 from infragent.engine.disagg.tcp_store import StoreServer, TCPStoreClient
-from infragent.engine.kv_transfer import TransferTimeout
+from infragent.engine.kv_transfer import RECORD_HEADER, TransferTimeout
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.sampling import SamplingParams
 from server_fixture import metric, process_server, thread_server, tiny_config
@@ -32,9 +32,8 @@ def _exercise(store: KVPool | TCPStoreClient, reader: KVPool | TCPStoreClient) -
     blocks = [5, 2]  # a request's store blocks: 7 rows = block 5 full, then 3 rows of block 2
     slots = torch.tensor([5 * 4 + i for i in range(4)] + [2 * 4 + i for i in range(3)])
     store.put_rows(1, k, v, slots)
-    from infragent.engine.disagg.store import _HEADER
     packed_k, packed_v = torch.randn(2, 6), torch.randn(2, 6)
-    store.put((0, 2, 1), _HEADER.pack(0, 2, 1, 2) + packed_k.numpy().tobytes() + packed_v.numpy().tobytes())
+    store.put((0, 2, 1), RECORD_HEADER.pack(0, 2, 1, 2) + packed_k.numpy().tobytes() + packed_v.numpy().tobytes())
     state = torch.randn(2, 2, 3, 3)
     store.put_state(1, state)
     got_k, got_v = reader.read(blocks, 7)

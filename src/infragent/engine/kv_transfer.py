@@ -22,12 +22,16 @@ import torch
 
 from infragent.trace import span
 
-_HEADER = struct.Struct("<iiii")  # layer, block, first offset, rows
+RECORD_HEADER = struct.Struct("<iiii")  # a packed record (serialize): layer, block, first offset, rows
 TRANSFER_MODES = ("layerwise", "after_prefill")
 TRANSFER_IMPLS = ("serialize", "bulk")
 
 
-class TransferTimeout(RuntimeError):
+class TransferError(RuntimeError):
+    """Published KV did not reach the store."""
+
+
+class TransferTimeout(TransferError):
     """Published KV did not land in the store in time."""
 
 
@@ -81,8 +85,8 @@ class KVStore:
             crc, payload = self._blobs[key]
         if zlib.crc32(payload) != crc:
             raise ValueError(f"KV store: block {key} is corrupt (CRC mismatch)")
-        _, _, _, rows = _HEADER.unpack_from(payload)
-        body = torch.frombuffer(bytearray(payload[_HEADER.size:]), dtype=torch.float32)
+        _, _, _, rows = RECORD_HEADER.unpack_from(payload)
+        body = torch.frombuffer(bytearray(payload[RECORD_HEADER.size:]), dtype=torch.float32)
         k, v = body.view(2, rows, -1)
         return k, v
 
@@ -115,14 +119,15 @@ class KVTransfer:
         self._queue.put((layer, k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1), blocks, offsets))
 
     def wait(self) -> None:
-        """Block until every published layer is in the store; TransferTimeout after timeout_s."""
+        """Block until every published layer is in the store; TransferTimeout after timeout_s, TransferError
+        when a send failed."""
         with span("kv.transfer.wait"), self._queue.all_tasks_done:
             if not self._queue.all_tasks_done.wait_for(lambda: not self._queue.unfinished_tasks, self.timeout_s):
                 raise TransferTimeout(f"KV transfer: {self._queue.unfinished_tasks} published layers did not "
                                       f"reach the store within {self.timeout_s:g} s")
         error, self._error = self._error, None
         if error is not None:
-            raise TransferTimeout(f"KV transfer failed: {error}") from error
+            raise TransferError(f"KV transfer failed: {error}") from error
 
     def busy(self) -> bool:
         """Whether published layers are still on their way."""
@@ -162,7 +167,7 @@ class KVTransfer:
             while last + 1 < len(block_ids) and block_ids[last + 1] == block_ids[first]:
                 last += 1
             with span("kv.transfer", layer=layer, block=block_ids[first], rows=last - first + 1):
-                payload = (_HEADER.pack(layer, block_ids[first], slots[first], last - first + 1)
+                payload = (RECORD_HEADER.pack(layer, block_ids[first], slots[first], last - first + 1)
                            + keys[first:last + 1].tobytes() + values[first:last + 1].tobytes())
                 self.store.put((layer, block_ids[first], slots[first]), payload)
             first = last + 1

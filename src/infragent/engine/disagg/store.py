@@ -7,13 +7,13 @@ layers, one state slot, from dispatch to prefill until a decode worker has copie
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
 import torch
 
-_HEADER = struct.Struct("<iiii")  # the serialize implementation's record: layer, block, first offset, rows
+from infragent.engine.kv_transfer import RECORD_HEADER
+
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class KVPool:
 
     def put(self, key: tuple[int, int, int], payload: bytes) -> None:
         """Serialize: one packed record (header, K rows, V rows) of one block."""
-        layer, block, first, rows = _HEADER.unpack_from(payload)
-        body = torch.frombuffer(bytearray(payload[_HEADER.size:]), dtype=torch.float32).view(2, rows, -1)
+        layer, block, first, rows = RECORD_HEADER.unpack_from(payload)
+        body = torch.frombuffer(bytearray(payload[RECORD_HEADER.size:]), dtype=torch.float32).view(2, rows, -1)
         start = block * self.block_size + first
         self.kv[layer, :, start:start + rows] = body
 
