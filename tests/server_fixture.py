@@ -101,3 +101,23 @@ def tiny_target_toml() -> str:
     return ('[target]\nkind = "engine"\nmodel = "hybrid"\nserve_args = ["--hybrid-config", '
             f"'{json.dumps(TINY_HYBRID)}', "
             '"--max-model-len", "512", "--kv-cache-gb", "0.05", "--threads", "1"]\n')
+
+
+def sigterm_mid_stream(url: str, proc: subprocess.Popen) -> list[str]:
+    """Stream one 60-token request, send SIGTERM once it runs, and return the SSE lines it got."""
+    import signal
+
+    lines: list[str] = []
+
+    def stream() -> None:
+        body = {"prompt": "count", "max_tokens": 60, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            lines.extend(response.iter_lines())
+    reader = threading.Thread(target=stream)
+    reader.start()
+    deadline = time.monotonic() + 20
+    while metric(url, "infragent:num_requests_running") < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    reader.join(60)
+    return lines

@@ -21,7 +21,7 @@ from infragent.engine.disagg.tcp_store import StoreServer, TCPStoreClient
 from infragent.engine.kv_transfer import RECORD_HEADER, TransferTimeout
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.sampling import SamplingParams
-from server_fixture import metric, process_server, thread_server, tiny_config
+from server_fixture import metric, process_server, sigterm_mid_stream, thread_server, tiny_config
 
 LAYOUT = StoreLayout(num_blocks=8, block_size=4, num_layers=2, row=6, num_state_slots=3, state_shape=(2, 2, 3, 3))
 
@@ -274,19 +274,7 @@ def test_serve_disagg_from_the_command_line_streams_then_exits_cleanly_on_sigter
             if found:
                 pids.append(int(found.group(1)))
         assert metric(url, "infragent:disagg_workers_alive", 'role="decode"') == 2
-        lines: list[str] = []
-
-        def stream() -> None:
-            body = {"prompt": "count", "max_tokens": 60, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
-                lines.extend(response.iter_lines())
-        reader = threading.Thread(target=stream)
-        reader.start()
-        deadline = time.monotonic() + 20
-        while metric(url, "infragent:num_requests_running") < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)  # the in-flight request finishes, then the workers stop
-        reader.join(60)
+        lines = sigterm_mid_stream(url, proc)  # the in-flight request finishes, then the workers stop
         assert proc.wait(30) == 0
         assert any('"finish_reason":"length"' in line.replace(" ", "") for line in lines), lines[-3:]
         time.sleep(1)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import threading
 import time
 
 import httpx
 import openai
 import pytest
 
-from server_fixture import metric, process_server, thread_server
+from server_fixture import metric, process_server, sigterm_mid_stream, thread_server
 
 
 @pytest.fixture(scope="module")
@@ -184,19 +182,7 @@ def test_metrics_cover_requests_tokens_queues_cache_and_latency(server):
 
 def test_sigterm_finishes_in_flight_requests_and_exits_zero():
     with process_server("--shutdown-timeout", "20") as (url, proc):
-        lines: list[str] = []
-
-        def stream() -> None:
-            body = {"prompt": "count", "max_tokens": 60, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
-                lines.extend(response.iter_lines())
-        reader = threading.Thread(target=stream)
-        reader.start()
-        deadline = time.monotonic() + 20
-        while metric(url, "infragent:num_requests_running") < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        reader.join(60)
+        lines = sigterm_mid_stream(url, proc)
         assert proc.wait(30) == 0
         data = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert lines[-1 if lines[-1] else -2] == "data: [DONE]"

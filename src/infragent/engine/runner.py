@@ -49,11 +49,13 @@ class ModelRunner:
         sampled_seqs: list[Sequence] = []
         self.verify_rows = []
         self.prompt_rows = []  # (seq, first row, rows, first position)
+        sending = self.kv_cache.transfer is not None
         transfer_rows: list[int] = []  # rows at prompt positions, whichever way they run (a 1-token chunk decodes)
         for i in order:
             seq, n = batch.seqs[i], batch.num_new_tokens[i]
             start, row, table = seq.num_computed_tokens, len(input_ids), seq.block_table
-            transfer_rows.extend(range(row, row + max(0, min(n, len(seq.prompt_token_ids) - start))))
+            if sending:
+                transfer_rows.extend(range(row, row + max(0, min(n, len(seq.prompt_token_ids) - start))))
             input_ids.extend((seq.token_ids + seq.draft_token_ids)[start:start + n])
             positions.extend(range(start, start + n))
             slot_blocks.extend(table[p // bs] for p in range(start, start + n))
@@ -78,8 +80,7 @@ class ModelRunner:
             slot_offsets=position_tensor % bs, num_decodes=len(decode_rows), decode_blocks=None,
             decode_regions=None, decode_mask=None, decode_context_len=0, decode_state_slots=None,
             prefills=prefills, logits_rows=torch.tensor(logits_rows, dtype=torch.long), verifies=verifies,
-            transfer_rows=(torch.tensor(transfer_rows, dtype=torch.long)
-                           if transfer_rows and self.kv_cache.transfer is not None else None))
+            transfer_rows=torch.tensor(transfer_rows, dtype=torch.long) if transfer_rows else None)
         if decode_rows:
             self._prepare_decodes(inputs, decode_rows)
         return inputs, sampled_seqs

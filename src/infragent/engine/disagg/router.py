@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -180,13 +181,11 @@ class DisaggEngine:
 
     def _route(self) -> None:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(queue.Empty):  # handle everything waiting, then route
                 item = self._inbox.get(timeout=0.05)
                 while True:
                     self._handle(item)
                     item = self._inbox.get_nowait()
-            except queue.Empty:
-                pass
             self._dispatch()
             self._expire(time.monotonic())
             self._publish_gauges()
@@ -348,10 +347,8 @@ class DisaggEngine:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
             loop.call_soon_threadsafe(flight.stream.queue.put_nowait, delta)
-        except RuntimeError:  # loop closed during shutdown
-            pass
 
     def _publish_gauges(self) -> None:
         for role in ("prefill", "decode"):
@@ -407,10 +404,8 @@ class DisaggEngine:
 
     def _stop_workers(self, timeout: float = 10.0) -> None:
         for w in self.workers:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # already dead: its pipe is closed
                 w.conn.send(("stop",))
-            except (OSError, ValueError):
-                pass
         for w in self.workers:
             w.process.join(timeout)
             if w.process.is_alive():

@@ -7,6 +7,7 @@ layers, one state slot, from dispatch to prefill until a decode worker has copie
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -96,10 +97,8 @@ class SharedStore(KVPool):
     def close(self) -> None:
         """Detach (and, for the creator, remove the segment)."""
         self.kv = self.states = None  # the tensors over the buffer must go before the mapping can close
-        try:
+        with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with the process
             self._shm.close()
-        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
-            pass
         if self._owner:
             self._shm.unlink()
 

@@ -17,6 +17,7 @@ Messages (tuples over a multiprocessing Pipe):
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 from multiprocessing.connection import Connection
@@ -48,12 +49,11 @@ def run_worker(role: str, config: EngineConfig, conn: Connection, timeout_s: flo
                          (kda, spec.kda_num_heads, spec.kda_head_k_dim, spec.kda_head_v_dim) if kda else ())
     conn.send(("ready", {"layout": layout, "vocab_size": spec.vocab_size, "max_model_len": engine.max_model_len}))
     try:
-        _, store_spec = conn.recv()
-        store = connect(store_spec, timeout_s)
-        worker = (PrefillWorker if role == "prefill" else DecodeWorker)(engine, store, conn, timeout_s)
-        worker.serve()
-    except (EOFError, OSError):  # the router is gone
-        pass
+        with contextlib.suppress(EOFError, OSError):  # the router is gone: stop
+            _, store_spec = conn.recv()
+            store = connect(store_spec, timeout_s)
+            worker = (PrefillWorker if role == "prefill" else DecodeWorker)(engine, store, conn, timeout_s)
+            worker.serve()
     finally:
         engine.close()
 
