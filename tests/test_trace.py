@@ -126,17 +126,22 @@ def test_kineto_cpu_trace_imports_on_our_clock(tmp_path):
     assert len(merged.spans) == len(ours.spans) + len(kineto.spans)
 
 
-def test_engine_records_phases_layers_and_cache_operations():
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_engine_records_phases_layers_and_cache_operations(backend):
+    from infragent.engine.kernels.build import available
     from infragent.engine.llm import LLM
     from infragent.engine.sampling import SamplingParams
 
-    llm = LLM(model="hybrid")
+    if backend == "native" and not available():
+        pytest.skip("the native kernels do not build here")
+    llm = LLM(model="hybrid", attention_backend=backend)
     with Recorder() as rec:
         llm.generate(["The capital of France is"], SamplingParams(max_tokens=3))
     trace = rec.trace()
     names = {s.name for s in trace.spans}
+    decode_read = "kv.gather" if backend == "torch" else "paged_attention"  # native attention reads in place
     assert {"step", "schedule", "prepare", "prefill", "decode", "sample", "detokenize", "attention", "kda",
-            "mlp", "kv.write", "kv.gather", "kda.state_gather", "kda.state_scatter"} <= names
+            "mlp", "kv.write", decode_read, "kda.state_gather", "kda.state_scatter"} <= names
     spec = llm.engine.spec
     steps = len(trace.named("step"))
     assert len(trace.named("mlp")) == steps * spec.num_layers

@@ -40,11 +40,33 @@ class KVCache:
         self.transfer_mode = "layerwise"  # or "after_prefill": every layer's rows published after the forward
         self._unsent: tuple | None = None
         self._held: list[tuple] = []  # after_prefill: layers done, not yet published
+        self.kernels = False  # whether layers stored in the model's dtype use the native kernels (kernels/)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
         with span("kv.write", layer=layer, tokens=k.shape[0]):
             self.fill(layer, k, v, inputs.slot_blocks, inputs.slot_offsets)
+        self.stage_transfer(layer, k, v, inputs)
+
+    def native(self, layer: int) -> bool:
+        """Whether this layer's writes and decode attention run the native kernels."""
+        return self.kernels and self.formats[layer] is None
+
+    def rope_and_write(self, layer: int, qkv: torch.Tensor, num_heads: int,
+                       inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Native: rotate the q and k heads of qkv [T, (heads + 2 kv_heads) * d] in place and store the k, v
+        rows at their slots, in one pass; return q, k, v [T, heads, d] views of qkv."""
+        tokens, (kv_heads, dim) = qkv.shape[0], self.k[layer].shape[1::2]
+        with span("kv.write", layer=layer, tokens=tokens):
+            torch.ops.infragent.rope_and_cache_(qkv, inputs.rope_cos, inputs.rope_sin, self.k[layer], self.v[layer],
+                                                inputs.slot_blocks, inputs.slot_offsets, num_heads)
+        heads = qkv.view(tokens, num_heads + 2 * kv_heads, dim)
+        q, k, v = heads.split([num_heads, kv_heads, kv_heads], dim=1)
+        self.stage_transfer(layer, k, v, inputs)
+        return q, k, v
+
+    def stage_transfer(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
+        """With a KV transfer attached, keep this layer's prompt rows for publishing when the layer is done."""
         rows = inputs.transfer_rows
         if self.transfer is not None and rows is not None:  # the prompt's rows (copies: indexed) move to the store
             self._unsent = (layer, k[rows], v[rows], inputs.slot_blocks[rows], inputs.slot_offsets[rows])
@@ -106,6 +128,15 @@ class KVCache:
         with span("kv.gather", layer=layer, blocks=index.numel()):
             k, v = self._gather(0, k, self.k_scale[layer], index), self._gather(1, v, self.v_scale[layer], index)
         return k.view(batch, -1, *k.shape[1:]), v.view(batch, -1, *v.shape[1:])
+
+    def paged_attention(self, layer: int, q: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+        """Native: attention of the decode rows' queries q [B, heads, d] (pre-scaled) over their context,
+        read in place from the cache (no gather, no padding)."""
+        k, v = self.k[layer], self.v[layer]
+        batch = inputs.num_decodes
+        table = inputs.decode_blocks.view(batch, -1) if self.layout == "paged" else inputs.decode_regions.view(batch, 1)
+        with span("paged_attention", layer=layer, tokens=int(table.numel()) * k.shape[2]):
+            return torch.ops.infragent.paged_decode_attention(q, k, v, table, inputs.decode_context_lens)
 
     def _gather(self, which: int, source: torch.Tensor, scale: torch.Tensor | None,
                 index: torch.Tensor) -> torch.Tensor:

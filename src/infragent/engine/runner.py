@@ -87,7 +87,7 @@ class ModelRunner:
 
     def _prepare_decodes(self, inputs: StepInputs, rows: list[tuple[Sequence, int]]) -> None:
         """Block tables, padding mask and state slots of the decode rows."""
-        lengths = torch.tensor([length for _, length in rows])
+        lengths = inputs.decode_context_lens = torch.tensor([length for _, length in rows])
         if self.paged:
             width = -(-int(lengths.max()) // self.block_size)
             inputs.decode_blocks = torch.tensor([b for s, _ in rows for b in s.block_table[:width]

@@ -38,6 +38,7 @@ class StepInputs:
     # num_decodes (attention runs them as decodes); KDA runs them token by token with a rollback
     verifies: list[PrefillChunk] = field(default_factory=list)
     transfer_rows: torch.Tensor | None = None  # with a KV transfer: the rows at prompt positions (they go out)
+    decode_context_lens: torch.Tensor | None = None  # [B] context length of each decode row
     rope_cos: torch.Tensor | None = None  # [T, 1, head_dim] rotary tables at this step's positions
     rope_sin: torch.Tensor | None = None
 

@@ -117,20 +117,15 @@ class Attention:
 
     def __call__(self, x: torch.Tensor, inputs: StepInputs, cache: KVCache) -> torch.Tensor:
         tokens = x.shape[0]
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qk, v = self.qkv(x).split([(h + kvh) * d, kvh * d], dim=-1)
-        qk = self.rotary(qk.reshape(tokens, h + kvh, d), inputs.rope_cos, inputs.rope_sin)  # q and k heads at once
-        q, k = qk[:, :h], qk[:, h:]
-        v = v.reshape(tokens, kvh, d)
-        cache.write(self.cache_layer, k, v, inputs)
+        h, d = self.num_heads, self.head_dim
+        q, k, v = self._rotate_and_store(self.qkv(x), inputs, cache)
         nd = inputs.num_decodes
         if nd == tokens:
-            out = decode_attention(q, *cache.decode_context(self.cache_layer, inputs), inputs.decode_mask)
+            out = self._decode(q, inputs, cache)
         else:
-            out = torch.empty_like(q)
+            out = torch.empty(tokens, h, d, dtype=q.dtype)
             if nd:
-                out[:nd] = decode_attention(q[:nd], *cache.decode_context(self.cache_layer, inputs),
-                                            inputs.decode_mask)
+                out[:nd] = self._decode(q[:nd], inputs, cache)
             for chunk in inputs.prefills:
                 rows = slice(chunk.start, chunk.start + chunk.length)
                 if chunk.context_start == 0 and not cache.lossy(self.cache_layer):
@@ -139,3 +134,22 @@ class Attention:
                     ck, cv = cache.chunk_context(self.cache_layer, chunk)
                 out[rows] = chunk_attention(q[rows], ck, cv, chunk.context_start)
         return self.o(out.reshape(tokens, h * d))
+
+    def _rotate_and_store(self, qkv: torch.Tensor, inputs: StepInputs,
+                          cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """RoPE on the q and k heads, this step's k and v rows into the cache; q, k, v [T, heads, d]."""
+        layer, h, kvh, d = self.cache_layer, self.num_heads, self.num_kv_heads, self.head_dim
+        if cache.native(layer):
+            return cache.rope_and_write(layer, qkv, h, inputs)
+        tokens = qkv.shape[0]
+        qk, v = qkv.split([(h + kvh) * d, kvh * d], dim=-1)
+        qk = self.rotary(qk.reshape(tokens, h + kvh, d), inputs.rope_cos, inputs.rope_sin)  # q and k heads at once
+        q, k, v = qk[:, :h], qk[:, h:], v.reshape(tokens, kvh, d)
+        cache.write(layer, k, v, inputs)
+        return q, k, v
+
+    def _decode(self, q: torch.Tensor, inputs: StepInputs, cache: KVCache) -> torch.Tensor:
+        """Attention of the decode rows' queries q [B, heads, d] over their cached context."""
+        if cache.native(self.cache_layer):
+            return cache.paged_attention(self.cache_layer, q, inputs)
+        return decode_attention(q, *cache.decode_context(self.cache_layer, inputs), inputs.decode_mask)

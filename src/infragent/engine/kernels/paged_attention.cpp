@@ -1,0 +1,224 @@
+// Decode-time attention kernels for the paged KV cache (fp32, CPU), registered as torch.ops.infragent.*.
+//
+// rope_and_cache_: rotate the q and k heads of a step's fused qkv rows in place (NeoX rotate-half) and
+//   write each row's k and v heads into its cache slot (block, offset).
+// paged_decode_attention: one query row per sequence attends over its own blocks, read in place from
+//   the cache (no gather), with the exact context length (no padding mask). GQA: query head h reads
+//   kv head h / (heads / kv_heads).
+// Work splits over (row, kv head) pairs with at::parallel_for, torch's own thread pool.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Sixteen floats as one GCC vector: the compiler lowers it to whatever SIMD the CPU has (-march=native):
+// one AVX-512 register, or two AVX2 ones.
+typedef float vec16 __attribute__((vector_size(64)));
+typedef int32_t ivec16 __attribute__((vector_size(64)));
+
+inline vec16 load16(const float* p) {
+  vec16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store16(float* p, vec16 v) { std::memcpy(p, &v, sizeof v); }
+
+inline float hsum(vec16 v) {
+  float sum = 0.f;
+  for (int i = 0; i < 16; ++i) sum += v[i];
+  return sum;
+}
+
+// exp(x) for x <= 0, as softmax needs after subtracting the max: x = n ln2 + r, |r| <= ln2/2, e^r by its
+// degree-7 Taylor polynomial (relative error < 2e-8 on that range), 2^n built in the exponent bits.
+inline vec16 exp_nonpositive(vec16 x) {
+  const vec16 floor_value = vec16{} - 87.0f;
+  x = x < floor_value ? floor_value : x;
+  const ivec16 whole = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, ivec16);  // round: x <= 0
+  const vec16 n = __builtin_convertvector(whole, vec16);
+  const vec16 r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+  vec16 p = vec16{} + 1.f / 5040.f;
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const ivec16 bits = (whole + 127) << 23;
+  vec16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Softmax of s[0, len) in place.
+void softmax(float* s, int64_t len) {
+  const float top = *std::max_element(s, s + len);
+  vec16 total = vec16{};
+  int64_t t = 0;
+  for (; t + 16 <= len; t += 16) {
+    const vec16 e = exp_nonpositive(load16(s + t) - top);
+    store16(s + t, e);
+    total += e;
+  }
+  float sum = hsum(total);
+  if (t < len) {
+    float tail[16];
+    std::fill(tail, tail + 16, -100.f);
+    std::copy(s + t, s + len, tail);
+    const vec16 e = exp_nonpositive(load16(tail) - top);
+    for (int64_t i = 0; t + i < len; ++i) {
+      s[t + i] = e[i];
+      sum += e[i];
+    }
+  }
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < len; ++i) s[i] *= inv;
+}
+
+void check_cache(const at::Tensor& cache, const char* name) {
+  TORCH_CHECK(cache.dim() == 4 && cache.scalar_type() == at::kFloat && cache.is_contiguous(), name,
+              " must be a contiguous fp32 [blocks, kv_heads, block_size, head_dim] cache, got ", cache.sizes());
+}
+
+void rope_and_cache_(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_blocks,
+                     const at::Tensor& slot_offsets, int64_t num_heads) {
+  check_cache(k_cache, "k_cache");
+  check_cache(v_cache, "v_cache");
+  const int64_t tokens = qkv.size(0), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
+  const int64_t dim = k_cache.size(3), half = dim / 2, num_blocks = k_cache.size(0);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.stride(1) == 1 &&
+              qkv.size(1) == (num_heads + 2 * kv_heads) * dim, "qkv must be fp32 [tokens, (heads + 2 kv_heads) * head_dim]");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.numel() == tokens * dim && sin.numel() == tokens * dim,
+              "cos and sin must be contiguous fp32 with head_dim values per token");
+  TORCH_CHECK(slot_blocks.scalar_type() == at::kLong && slot_offsets.scalar_type() == at::kLong &&
+              slot_blocks.is_contiguous() && slot_offsets.is_contiguous() && slot_blocks.numel() == tokens &&
+              slot_offsets.numel() == tokens, "slot_blocks and slot_offsets must be contiguous int64 [tokens]");
+  const int64_t* blocks = slot_blocks.data_ptr<int64_t>();
+  const int64_t* offsets = slot_offsets.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(blocks[t] >= 0 && blocks[t] < num_blocks && offsets[t] >= 0 && offsets[t] < block_size,
+                "slot (", blocks[t], ", ", offsets[t], ") of token row ", t, " is outside the cache");
+  float* rows = qkv.data_ptr<float>();
+  const int64_t row_stride = qkv.stride(0), rotated = num_heads + kv_heads;
+  const float* cos_p = cos.data_ptr<float>();
+  const float* sin_p = sin.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, 64 / rotated);
+  at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> x(dim);
+    for (int64_t t = begin; t < end; ++t) {
+      float* row = rows + t * row_stride;
+      const float* c = cos_p + t * dim;
+      const float* s = sin_p + t * dim;
+      for (int64_t h = 0; h < rotated; ++h) {
+        float* head = row + h * dim;
+        std::memcpy(x.data(), head, dim * sizeof(float));
+        for (int64_t i = 0; i < half; ++i) head[i] = x[i] * c[i] + x[i + half] * s[i];
+        for (int64_t i = half; i < dim; ++i) head[i] = x[i] * c[i] + x[i - half] * s[i];
+      }
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t slot = ((blocks[t] * kv_heads + h) * block_size + offsets[t]) * dim;
+        std::memcpy(kc + slot, row + (num_heads + h) * dim, dim * sizeof(float));
+        std::memcpy(vc + slot, row + (rotated + h) * dim, dim * sizeof(float));
+      }
+    }
+  });
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_table, const at::Tensor& context_lens) {
+  check_cache(k_cache, "k_cache");
+  check_cache(v_cache, "v_cache");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache differ in shape");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t num_blocks = k_cache.size(0), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == dim &&
+              dim == k_cache.size(3) && heads % kv_heads == 0 &&
+              dim % 16 == 0, "q must be fp32 [batch, heads, head_dim] with contiguous heads, heads a multiple "
+              "of kv_heads and head_dim a multiple of 16");
+  TORCH_CHECK(block_table.dim() == 2 && block_table.scalar_type() == at::kLong && block_table.is_contiguous() &&
+              block_table.size(0) == batch, "block_table must be contiguous int64 [batch, blocks]");
+  TORCH_CHECK(context_lens.scalar_type() == at::kLong && context_lens.is_contiguous() &&
+              context_lens.numel() == batch, "context_lens must be contiguous int64 [batch]");
+  const int64_t width = block_table.size(1);
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= width * block_size, "context length ", lens[b], " of row ", b,
+                " does not fit its ", width, " blocks of ", block_size);
+    for (int64_t j = 0; j < (lens[b] + block_size - 1) / block_size; ++j)
+      TORCH_CHECK(table[b * width + j] >= 0 && table[b * width + j] < num_blocks, "block ",
+                  table[b * width + j], " of row ", b, " is outside the cache");
+  }
+  const int64_t group = heads / kv_heads, q_stride = q.stride(0);
+  auto out = at::empty({batch, heads, dim}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kc = k_cache.data_ptr<float>();
+  const float* vc = v_cache.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / kv_heads, h = item % kv_heads, len = lens[b];
+      const int64_t* blocks = table + b * width;
+      const float* query = qp + b * q_stride + h * group * dim;
+      float* output = op + (b * heads + h * group) * dim;
+      scores.resize(group * len);
+      // scores[g][t] = q_g . k_t, the key rows read where the cache holds them
+      for (int64_t first = 0; first < len; first += block_size) {
+        const int64_t count = std::min(block_size, len - first);
+        const float* keys = kc + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
+        for (int64_t t = 0; t < count; ++t) {
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = query + g * dim;
+            vec16 acc = load16(qg) * load16(keys + t * dim);
+            for (int64_t i = 16; i < dim; i += 16) acc += load16(qg + i) * load16(keys + t * dim + i);
+            scores[g * len + first + t] = hsum(acc);
+          }
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) softmax(scores.data() + g * len, len);
+      // output_g = sum_t p_g[t] v_t, block by block, sixteen output lanes at a time held in a register
+      std::fill(output, output + group * dim, 0.f);
+      for (int64_t first = 0; first < len; first += block_size) {
+        const int64_t count = std::min(block_size, len - first);
+        const float* values = vc + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
+        for (int64_t g = 0; g < group; ++g) {
+          const float* p = scores.data() + g * len + first;
+          for (int64_t i = 0; i < dim; i += 16) {
+            vec16 acc = load16(output + g * dim + i);
+            for (int64_t t = 0; t < count; ++t) acc += p[t] * load16(values + t * dim + i);
+            store16(output + g * dim + i, acc);
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(infragent, m) {
+  m.def("rope_and_cache_(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) k_cache, Tensor(c!) v_cache, "
+        "Tensor slot_blocks, Tensor slot_offsets, int num_heads) -> ()");
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+        "Tensor context_lens) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(infragent, CPU, m) {
+  m.impl("rope_and_cache_", rope_and_cache_);
+  m.impl("paged_decode_attention", paged_decode_attention);
+}
