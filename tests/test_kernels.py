@@ -1,12 +1,20 @@
-"""The native kernels (engine/kernels) against the torch-op path they replace, and their input checks."""
+"""The native kernels (engine/kernels) against the torch ops they replace, and their input checks."""
+import shutil
+
 import pytest
 import torch
 
-from infragent.engine.kernels.build import available, use_native_attention
+from infragent.engine.kernels.build import load, use_native_kernels
 from infragent.engine.config import ConfigError
 from infragent.engine.models.layers import Rotary, decode_attention
 
-pytestmark = pytest.mark.skipif(not available(), reason="the native kernels do not build here")
+# Without a compiler they cannot build (the engine falls back, tested elsewhere); with one, they must.
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def built_kernels():
+    load()  # raises KernelBuildError with the compiler's first error
 
 
 def _cache(blocks: int, kv_heads: int, block_size: int, dim: int, gen: torch.Generator) -> tuple:
@@ -85,15 +93,34 @@ def test_bad_tables_and_slots_raise_errors_naming_the_row():
                                             torch.tensor([8]), 2)
 
 
-def test_attention_backend_knob():
-    assert use_native_attention("auto", torch.float32, 64)
-    assert not use_native_attention("auto", torch.bfloat16, 64)  # fp32 kernels: bf16 keeps the torch path
-    assert not use_native_attention("torch", torch.float32, 64)
-    with pytest.raises(ConfigError, match="attention_backend: native runs fp32"):
-        use_native_attention("native", torch.float32, 24)
-    with pytest.raises(ConfigError, match="attention_backend: 'flash'"):
+@pytest.mark.parametrize("tokens", [1, 3, 300])
+def test_add_rms_norm_and_silu_and_mul_match_torch(tokens):
+    gen = torch.Generator().manual_seed(tokens)
+    hidden, delta = torch.randn(tokens, 576, generator=gen), torch.randn(tokens, 576, generator=gen)
+    weight = torch.rand(576, generator=gen) + 0.5
+    expected_hidden = hidden + delta
+    expected = torch.nn.functional.rms_norm(expected_hidden, (576,), weight, 1e-5)
+    out = torch.ops.infragent.add_rms_norm_(hidden, delta, weight, 1e-5)
+    torch.testing.assert_close(hidden, expected_hidden)  # the residual add lands in place
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.ops.infragent.add_rms_norm_(hidden, None, weight, 1e-5), expected,
+                               rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(tokens, 2 * 1536, generator=gen) * 8  # far into both tails of the sigmoid
+    expected = torch.nn.functional.silu(gate_up[:, :1536]) * gate_up[:, 1536:]
+    torch.testing.assert_close(torch.ops.infragent.silu_and_mul(gate_up), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_knob():
+    sizes = {"head_dim": 64, "hidden_size": 576, "intermediate_size": 1536}
+    assert use_native_kernels("auto", torch.float32, sizes)
+    assert not use_native_kernels("auto", torch.bfloat16, sizes)  # fp32 kernels: bf16 keeps the torch path
+    assert not use_native_kernels("auto", torch.float32, {**sizes, "head_dim": 24})
+    assert not use_native_kernels("torch", torch.float32, sizes)
+    with pytest.raises(ConfigError, match="kernels: native runs fp32 .* not head_dim 24"):
+        use_native_kernels("native", torch.float32, {**sizes, "head_dim": 24})
+    with pytest.raises(ConfigError, match="kernels: 'flash'"):
         from infragent.engine.config import EngineConfig
-        EngineConfig(attention_backend="flash")
+        EngineConfig(kernels="flash")
 
 
 def test_hybrid_engine_native_and_torch_backends_agree():
@@ -103,8 +130,8 @@ def test_hybrid_engine_native_and_torch_backends_agree():
 
     prompts = ["The capital of France is", "a b c d e f g h i j k l m n o p q r s", "Hi"]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    native = LLM(model="hybrid", attention_backend="native")
-    torch_ops = LLM(model="hybrid", attention_backend="torch")
-    assert native.engine.kv_cache.kernels and not torch_ops.engine.kv_cache.kernels
+    native = LLM(model="hybrid", kernels="native")
+    torch_ops = LLM(model="hybrid", kernels="torch")
+    assert native.engine.model.kernels and not torch_ops.engine.model.kernels
     assert [o.token_ids for o in native.generate(prompts, params)] == \
         [o.token_ids for o in torch_ops.generate(prompts, params)]

@@ -134,7 +134,7 @@ def test_engine_records_phases_layers_and_cache_operations(backend):
 
     if backend == "native" and not available():
         pytest.skip("the native kernels do not build here")
-    llm = LLM(model="hybrid", attention_backend=backend)
+    llm = LLM(model="hybrid", kernels=backend)
     with Recorder() as rec:
         llm.generate(["The capital of France is"], SamplingParams(max_tokens=3))
     trace = rec.trace()

@@ -62,7 +62,7 @@ class EngineConfig:
     num_threads: int | None = None  # None: all cores
     gguf_path: str | None = None
     gemm: str = "torch"  # torch | blas | blas-gil-held (native BLAS through ctypes, see native_gemm.py)
-    attention_backend: str = "auto"  # native (C++ kernels, kernels/), torch (torch ops), auto: native where it applies
+    kernels: str = "auto"  # native (C++: paged attention, fused norms; kernels/), torch (torch ops), auto: native where it applies
     kv_transfer: bool = False  # send each prefill layer's K/V to a KV store on a transfer thread
     kv_transfer_mode: str = "layerwise"  # layerwise (as each layer finishes) or after_prefill
     kv_transfer_impl: str = "serialize"  # serialize (per-block packing in Python) or bulk (native copies)
@@ -96,11 +96,10 @@ class EngineConfig:
             raise ConfigError(f"gemm: {self.gemm!r}; choose one of {', '.join(GEMMS)}")
         if self.gemm != "torch" and self.dtype != "float32":
             raise ConfigError(f"gemm: {self.gemm} runs fp32 only; use dtype float32 or gemm torch")
-        from infragent.engine.kernels.build import ATTENTION_BACKENDS
+        from infragent.engine.kernels.build import KERNEL_CHOICES
 
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ConfigError(f"attention_backend: {self.attention_backend!r}; choose one of "
-                              f"{', '.join(ATTENTION_BACKENDS)}")
+        if self.kernels not in KERNEL_CHOICES:
+            raise ConfigError(f"kernels: {self.kernels!r}; choose one of {', '.join(KERNEL_CHOICES)}")
         if self.kv_layout not in KV_LAYOUTS:
             raise ConfigError(f"kv_layout: {self.kv_layout!r}; choose one of {', '.join(KV_LAYOUTS)}")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):

@@ -12,7 +12,7 @@ from infragent.engine.config import ConfigError, EngineConfig
 from infragent.engine.gguf_weights import read_gguf
 from infragent.engine.kv_cache import KDAStateCache, KVCache, kv_formats
 from infragent.engine.kv_transfer import KVStore, KVTransfer
-from infragent.engine.kernels.build import use_native_attention
+from infragent.engine.kernels.build import use_native_kernels
 from infragent.engine.native_gemm import make_gemm
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.hybrid import init_hybrid
@@ -78,7 +78,8 @@ class LLMEngine:
         if stages == 1:  # a pipeline stage allocates only its own layers' share (below)
             self.kv_cache = KVCache(local.num_attention_layers, num_blocks, block_size, local.num_kv_heads,
                                     local.head_dim, config.torch_dtype, config.kv_layout, formats)
-            self.kv_cache.kernels = use_native_attention(config.attention_backend, config.torch_dtype, local.head_dim)
+            self.kv_cache.kernels = self.model.kernels = use_native_kernels(config.kernels, config.torch_dtype,
+                                                                            local.kernel_sizes())
         prefix_caching = config.enable_prefix_caching
         if prefix_caching is None:
             prefix_caching = spec.num_kda_layers == 0 and config.kv_layout == "paged"

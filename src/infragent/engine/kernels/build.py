@@ -1,4 +1,4 @@
-"""Compile paged_attention.cpp with torch's extension builder and register its ops as torch.ops.infragent.*.
+"""Compile the kernels (*.cpp here) with torch's extension builder and register their ops as torch.ops.infragent.*.
 
 The build runs once per (source, torch version, CPU) and is cached under ~/.cache/infragent/kernels (or
 $INFRAGENT_KERNEL_CACHE); it needs a C++ compiler, the Python headers and ninja. Where it cannot build,
@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "paged_attention.cpp", HERE / "fused_layers.cpp"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # no -fopenmp at link: torch's own OpenMP runtime is used
-ATTENTION_BACKENDS = ("auto", "native", "torch")
+KERNEL_CHOICES = ("auto", "native", "torch")
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -41,7 +42,8 @@ def _cpu_signature() -> str:
 
 
 def _build_directory() -> tuple[str, Path]:
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), torch.__version__.encode(), " ".join(CFLAGS).encode(),
+    texts = [path.read_bytes() for path in sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h"))]
+    key = hashlib.sha256(b"\0".join([*texts, torch.__version__.encode(), " ".join(CFLAGS).encode(),
                                      _cpu_signature().encode()])).hexdigest()[:16]
     root = Path(os.environ.get("INFRAGENT_KERNEL_CACHE", Path.home() / ".cache" / "infragent" / "kernels"))
     return f"infragent_kernels_{key}", root / key
@@ -63,11 +65,12 @@ def load() -> None:
             scripts = sysconfig.get_path("scripts")  # the venv's bin holds the ninja of the `ninja` package
             if scripts not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + scripts
-            load_extension(name=name, sources=[str(SOURCE)], extra_cflags=CFLAGS, is_python_module=False,
+            load_extension(name=name, sources=[str(path) for path in SOURCES], extra_cflags=CFLAGS, is_python_module=False,
                            build_directory=str(directory), verbose=False)
         except Exception as exc:  # compiler, headers or ninja missing; a failed compile
             lines = str(exc).strip().splitlines()
-            _error = (f"native kernels ({SOURCE.name}) did not build: {lines[-1] if lines else type(exc).__name__}; "
+            reason = next((line for line in lines if "error:" in line), lines[-1] if lines else type(exc).__name__)
+            _error = (f"native kernels ({HERE}) did not build: {reason.strip()}; "
                       "they need a C++ compiler, the Python headers and ninja")
             raise KernelBuildError(_error) from exc
         _loaded = True
@@ -80,25 +83,28 @@ def available() -> bool:
         load()
     except KernelBuildError as exc:
         if first_failure:
-            log.warning("%s; using the torch-op attention path", exc)
+            log.warning("%s; using the torch-op path", exc)
         return False
     return True
 
 
-def use_native_attention(backend: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether attention runs the native kernels under the attention_backend knob (auto: where they apply)."""
+def use_native_kernels(choice: str, dtype: torch.dtype, sizes: dict[str, int]) -> bool:
+    """Whether the engine runs the native kernels under the `kernels` knob (auto: where they apply). They run
+    fp32 with every size in `sizes` (head_dim, hidden_size, intermediate_size) a multiple of 16."""
     from infragent.engine.config import ConfigError
 
-    if backend == "torch":
+    if choice == "torch":
         return False
-    fits = dtype == torch.float32 and head_dim % 16 == 0
-    if backend == "auto":
-        return fits and available()
-    if not fits:
-        raise ConfigError(f"attention_backend: native runs fp32 with head_dim a multiple of 16, not {dtype} with "
-                          f"head_dim {head_dim}; use auto or torch")
+    misfits = [f"{name} {size}" for name, size in sizes.items() if size % 16]
+    if dtype != torch.float32:
+        misfits.insert(0, f"dtype {dtype}")
+    if choice == "auto":
+        return not misfits and available()
+    if misfits:
+        raise ConfigError(f"kernels: native runs fp32 with sizes that are multiples of 16, not {', '.join(misfits)}; "
+                          "use auto or torch")
     try:
         load()
     except KernelBuildError as exc:
-        raise ConfigError(f"attention_backend: {exc}; use auto or torch") from None
+        raise ConfigError(f"kernels: {exc}; use auto or torch") from None
     return True

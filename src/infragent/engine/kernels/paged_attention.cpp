@@ -16,73 +16,11 @@
 #include <cstring>
 #include <vector>
 
+#include "vec.h"
+
 namespace {
 
-// Sixteen floats as one GCC vector: the compiler lowers it to whatever SIMD the CPU has (-march=native):
-// one AVX-512 register, or two AVX2 ones.
-typedef float vec16 __attribute__((vector_size(64)));
-typedef int32_t ivec16 __attribute__((vector_size(64)));
-
-inline vec16 load16(const float* p) {
-  vec16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store16(float* p, vec16 v) { std::memcpy(p, &v, sizeof v); }
-
-inline float hsum(vec16 v) {
-  float sum = 0.f;
-  for (int i = 0; i < 16; ++i) sum += v[i];
-  return sum;
-}
-
-// exp(x) for x <= 0, as softmax needs after subtracting the max: x = n ln2 + r, |r| <= ln2/2, e^r by its
-// degree-7 Taylor polynomial (relative error < 2e-8 on that range), 2^n built in the exponent bits.
-inline vec16 exp_nonpositive(vec16 x) {
-  const vec16 floor_value = vec16{} - 87.0f;
-  x = x < floor_value ? floor_value : x;
-  const ivec16 whole = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, ivec16);  // round: x <= 0
-  const vec16 n = __builtin_convertvector(whole, vec16);
-  const vec16 r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  vec16 p = vec16{} + 1.f / 5040.f;
-  p = p * r + 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
-  const ivec16 bits = (whole + 127) << 23;
-  vec16 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-// Softmax of s[0, len) in place.
-void softmax(float* s, int64_t len) {
-  const float top = *std::max_element(s, s + len);
-  vec16 total = vec16{};
-  int64_t t = 0;
-  for (; t + 16 <= len; t += 16) {
-    const vec16 e = exp_nonpositive(load16(s + t) - top);
-    store16(s + t, e);
-    total += e;
-  }
-  float sum = hsum(total);
-  if (t < len) {
-    float tail[16];
-    std::fill(tail, tail + 16, -100.f);
-    std::copy(s + t, s + len, tail);
-    const vec16 e = exp_nonpositive(load16(tail) - top);
-    for (int64_t i = 0; t + i < len; ++i) {
-      s[t + i] = e[i];
-      sum += e[i];
-    }
-  }
-  const float inv = 1.f / sum;
-  for (int64_t i = 0; i < len; ++i) s[i] *= inv;
-}
+using namespace infragent;
 
 void check_cache(const at::Tensor& cache, const char* name) {
   TORCH_CHECK(cache.dim() == 4 && cache.scalar_type() == at::kFloat && cache.is_contiguous(), name,
@@ -190,17 +128,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
         }
       }
       for (int64_t g = 0; g < group; ++g) softmax(scores.data() + g * len, len);
-      // output_g = sum_t p_g[t] v_t, block by block, sixteen output lanes at a time held in a register
+      // output_g = sum_t p_g[t] v_t, token by token: the (group, lane) accumulators are independent chains
       std::fill(output, output + group * dim, 0.f);
       for (int64_t first = 0; first < len; first += block_size) {
         const int64_t count = std::min(block_size, len - first);
         const float* values = vc + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float* p = scores.data() + g * len + first;
-          for (int64_t i = 0; i < dim; i += 16) {
-            vec16 acc = load16(output + g * dim + i);
-            for (int64_t t = 0; t < count; ++t) acc += p[t] * load16(values + t * dim + i);
-            store16(output + g * dim + i, acc);
+        for (int64_t t = 0; t < count; ++t) {
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = scores[g * len + first + t];
+            float* out = output + g * dim;
+            for (int64_t i = 0; i < dim; i += 16) store16(out + i, load16(out + i) + p * load16(values + t * dim + i));
           }
         }
       }

@@ -25,6 +25,7 @@ class DecoderModel:
         # Tied or not, the LM head keeps its own transposed copy (see Linear); the embedding stays row-major.
         self.lm_head = Linear(self.embed if spec.tie_word_embeddings else w["lm_head.weight"])
         self.final_norm = w["model.norm.weight"]
+        self.kernels = False  # native fused kernels for the residual add + RMSNorm and the MLP's silu * up
         self.rotary = rotary = Rotary(spec.head_dim, spec.rope_theta, spec.max_position_embeddings, dtype)
         self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP]] = []
         attention_index = kda_index = 0
@@ -79,22 +80,33 @@ class DecoderModel:
         """Hidden states [T, hidden] of every scheduled token after all layers (or the first num_layers: a
         draft model), starting from the embeddings or from hidden (a later pipeline stage); fills the caches
         as a side effect."""
-        eps = self.spec.rms_eps
         inputs.rope_cos, inputs.rope_sin = self.rotary.tables(inputs.positions)
-        if hidden is None:
-            hidden = F.embedding(inputs.input_ids, self.embed)
-        for layer, (norm_in, mixer, norm_post, mlp) in enumerate(self.layers[:num_layers]):
-            x = rms_norm(hidden, norm_in, eps)
+        # the residual stream is updated in place (add_rms_norm): a fresh tensor, never the caller's
+        hidden = F.embedding(inputs.input_ids, self.embed) if hidden is None else hidden.clone()
+        layers = self.layers[:num_layers]
+        delta = None  # the last sublayer's output, not yet added to the residual stream
+        for layer, (norm_in, mixer, norm_post, mlp) in enumerate(layers):
+            x = self.add_rms_norm(hidden, delta, norm_in)
             if isinstance(mixer, Attention):
                 with span("attention", layer=layer):
-                    hidden = hidden + mixer(x, inputs, kv_cache)
+                    delta = mixer(x, inputs, kv_cache)
                 kv_cache.layer_done()
             else:
                 with span("kda", layer=layer):
-                    hidden = hidden + mixer(x, inputs, kda_states)
+                    delta = mixer(x, inputs, kda_states)
             with span("mlp", layer=layer):
-                hidden = hidden + mlp(rms_norm(hidden, norm_post, eps))
+                delta = mlp(self.add_rms_norm(hidden, delta, norm_post), self.kernels)
+        if delta is not None:
+            hidden += delta
         return hidden
+
+    def add_rms_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+        """hidden += delta in place (when given), then RMSNorm(hidden) as a new tensor."""
+        if self.kernels:
+            return torch.ops.infragent.add_rms_norm_(hidden, delta, weight, self.spec.rms_eps)
+        if delta is not None:
+            hidden += delta
+        return rms_norm(hidden, weight, self.spec.rms_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [N, vocab] (fp32) for the given hidden rows."""

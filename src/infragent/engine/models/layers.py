@@ -61,8 +61,10 @@ class GatedMLP:
         self.down = Linear(down)
         self.inter = gate.shape[0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
         gate_up = self.gate_up(x)
+        if native:  # one fused pass (kernels/fused_layers.cpp)
+            return self.down(torch.ops.infragent.silu_and_mul(gate_up))
         hidden = F.silu(gate_up[:, :self.inter]).mul_(gate_up[:, self.inter:])
         return self.down(hidden)
 

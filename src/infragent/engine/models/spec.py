@@ -36,3 +36,8 @@ class ModelSpec:
     @property
     def num_kda_layers(self) -> int:
         return self.layer_kinds.count("kda")
+
+    def kernel_sizes(self) -> dict[str, int]:
+        """The sizes the native kernels vectorize over (each must be a multiple of 16 for them to run)."""
+        return {"head_dim": self.head_dim, "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from infragent.engine.kernels.build import use_native_attention
+from infragent.engine.kernels.build import use_native_kernels
 from infragent.engine.kv_cache import KDAStateCache, KVCache, kv_formats
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.spec import ModelSpec
@@ -63,7 +63,7 @@ def caches(config, model: DecoderModel, num_blocks: int, block_size: int  # noqa
     kda = len(model.layers) - attention
     kv_cache = KVCache(attention, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, config.torch_dtype,
                        config.kv_layout, kv_formats(config.layer_kv_dtypes(attention)))
-    kv_cache.kernels = use_native_attention(config.attention_backend, config.torch_dtype, spec.head_dim)
+    kv_cache.kernels = model.kernels = use_native_kernels(config.kernels, config.torch_dtype, spec.kernel_sizes())
     kda_states = (KDAStateCache(kda, config.max_num_seqs, spec.kda_num_heads, spec.kda_head_k_dim,
                                 spec.kda_head_v_dim) if kda else None)
     return kv_cache, kda_states

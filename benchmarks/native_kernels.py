@@ -1,9 +1,9 @@
-"""Native paged-attention kernels vs the torch-op path: engine decode steps of the real model, A/B interleaved.
+"""Native kernels vs the torch-op path: engine decode steps of the real model, A/B interleaved.
 
-Two engines (attention_backend native and torch) hold the same batch of sequences 128 tokens into their
+Two engines (kernels native and torch: paged attention, RoPE + cache write, residual add + RMSNorm, silu * up) hold the same batch of sequences 128 tokens into their
 context; rounds alternate which backend steps first (ABBA), and each round times a few decode steps of
 each. Prints ms per step for both and the ratio with a bootstrap 95% CI, at each batch size.
-    PYTHONPATH=src .venv/bin/python benchmarks/attention_backend.py [--batch 1 32] [--rounds 12] [--json F]
+    PYTHONPATH=src .venv/bin/python benchmarks/native_kernels.py [--batch 1 32] [--rounds 12] [--json F]
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="decode steps per backend per round")
     parser.add_argument("--json", help="write the raw samples here")
     args = parser.parse_args()
-    engines = {name: LLM(model="llama", attention_backend=name) for name in ("native", "torch")}
+    engines = {name: LLM(model="llama", kernels=name) for name in ("native", "torch")}
     results = {}
     for batch in args.batch:
         for llm in engines.values():
