@@ -5,7 +5,7 @@
 // paged_decode_attention: one query row per sequence attends over its own blocks, read in place from
 //   the cache (no gather), with the exact context length (no padding mask). GQA: query head h reads
 //   kv head h / (heads / kv_heads).
-// Work splits over (row, kv head) pairs with at::parallel_for, torch's own thread pool.
+// Work splits over sequences (or (sequence, kv head) pairs) with at::parallel_for, torch's thread pool.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -106,38 +106,45 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const float* kc = k_cache.data_ptr<float>();
   const float* vc = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // A work item is one sequence with all its kv heads (each block's heads are one contiguous run of memory)
+  // when there are enough sequences to keep every thread busy, else one (sequence, kv head) pair.
+  const int64_t span_heads = batch >= 2 * at::get_num_threads() ? kv_heads : 1;
+  const int64_t rows = span_heads * group;  // query heads of an item
+  at::parallel_for(0, batch * (kv_heads / span_heads), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / kv_heads, h = item % kv_heads, len = lens[b];
+      const int64_t b = item / (kv_heads / span_heads), first_head = item % (kv_heads / span_heads) * span_heads;
+      const int64_t len = lens[b];
       const int64_t* blocks = table + b * width;
-      const float* query = qp + b * q_stride + h * group * dim;
-      float* output = op + (b * heads + h * group) * dim;
-      scores.resize(group * len);
-      // scores[g][t] = q_g . k_t, the key rows read where the cache holds them
+      const float* query = qp + b * q_stride + first_head * group * dim;
+      float* output = op + (b * heads + first_head * group) * dim;
+      scores.resize(rows * len);
+      // scores[r][t] = q_r . k_t for query head r of kv head r / group, the keys read where the cache holds them
       for (int64_t first = 0; first < len; first += block_size) {
         const int64_t count = std::min(block_size, len - first);
-        const float* keys = kc + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
-        for (int64_t t = 0; t < count; ++t) {
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qg = query + g * dim;
-            vec16 acc = load16(qg) * load16(keys + t * dim);
-            for (int64_t i = 16; i < dim; i += 16) acc += load16(qg + i) * load16(keys + t * dim + i);
-            scores[g * len + first + t] = hsum(acc);
+        const float* block = kc + (blocks[first / block_size] * kv_heads + first_head) * block_size * dim;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* keys = block + r / group * block_size * dim;
+          const float* qr = query + r * dim;
+          for (int64_t t = 0; t < count; ++t) {
+            vec16 acc = load16(qr) * load16(keys + t * dim);
+            for (int64_t i = 16; i < dim; i += 16) acc += load16(qr + i) * load16(keys + t * dim + i);
+            scores[r * len + first + t] = hsum(acc);
           }
         }
       }
-      for (int64_t g = 0; g < group; ++g) softmax(scores.data() + g * len, len);
-      // output_g = sum_t p_g[t] v_t, token by token: the (group, lane) accumulators are independent chains
-      std::fill(output, output + group * dim, 0.f);
+      for (int64_t r = 0; r < rows; ++r) softmax(scores.data() + r * len, len);
+      // output_r = sum_t p_r[t] v_t, token by token: the (row, lane) accumulators are independent chains
+      std::fill(output, output + rows * dim, 0.f);
       for (int64_t first = 0; first < len; first += block_size) {
         const int64_t count = std::min(block_size, len - first);
-        const float* values = vc + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
+        const float* block = vc + (blocks[first / block_size] * kv_heads + first_head) * block_size * dim;
         for (int64_t t = 0; t < count; ++t) {
-          for (int64_t g = 0; g < group; ++g) {
-            const float p = scores[g * len + first + t];
-            float* out = output + g * dim;
-            for (int64_t i = 0; i < dim; i += 16) store16(out + i, load16(out + i) + p * load16(values + t * dim + i));
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* value = block + (r / group * block_size + t) * dim;
+            const float p = scores[r * len + first + t];
+            float* out = output + r * dim;
+            for (int64_t i = 0; i < dim; i += 16) store16(out + i, load16(out + i) + p * load16(value + i));
           }
         }
       }
