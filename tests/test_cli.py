@@ -30,6 +30,7 @@ def test_greedy_output_is_stable_across_processes():
     (("--max-tokens", "0"), "max_tokens"),
     (("--top-p", "1.5"), "top_p"),
     (("--top-p", "0"), "top_p"),
+    (("--kernels", "flash"), "kernels"),
 ])
 def test_bad_arguments_name_the_field_and_exit_2(args, field):
     run = infragent("generate", *args, "hello")

@@ -34,6 +34,8 @@ ROLLBACK = typer.Option("snapshot", "--rollback", help="KDA state after rejected
 
 TP = typer.Option(1, "--tp", "--tensor-parallel-size", help="Ranks sharing every layer (processes over gloo).")
 PP = typer.Option(1, "--pp", "--pipeline-parallel-size", help="Pipeline stages (processes holding runs of layers).")
+KERNELS = typer.Option("auto", "--kernels", help="Native C++ kernels for attention and norms: auto (where they "
+                       "build and apply), native (error if they cannot), torch (torch ops only).")
 TP_PRECISION = typer.Option("fp32", "--tp-partial-precision", help="Row-parallel partial sums: fp32, reduced "
                             "(bf16 operands) or 3-pass (bf16x3 split).")
 
@@ -77,6 +79,7 @@ def generate(
     tp: int = TP,
     tp_partial_precision: str = TP_PRECISION,
     pp: int = PP,
+    kernels: str = KERNELS,
 ) -> None:
     """Print the completion of each prompt (one per line block); errors go to stderr with exit status 2."""
     from infragent.engine.config import ConfigError
@@ -91,7 +94,8 @@ def generate(
                   block_size=block_size, dtype=dtype, num_threads=threads,
                   **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha),
                   **_spec_knobs(speculative, num_speculative_tokens, rollback),
-                  tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision, pipeline_parallel_size=pp)
+                  tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision, pipeline_parallel_size=pp,
+                  kernels=kernels)
         if chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
         else:
@@ -291,6 +295,7 @@ def serve(
     tp: int = TP,
     tp_partial_precision: str = TP_PRECISION,
     pp: int = PP,
+    kernels: str = KERNELS,
     kda_decode_impl: str = typer.Option("vectorized", "--kda-decode-impl", help="KDA decode step: vectorized or "
                                         "reference (loop)."),
     kda_bv_tile: Optional[int] = typer.Option(None, "--kda-bv-tile", help="KDA decode: V tile width."),
@@ -325,7 +330,7 @@ def serve(
                               **_spec_knobs(speculative, num_speculative_tokens, rollback),
                               kda_decode_impl=kda_decode_impl, kda_bv_tile=kda_bv_tile, kda_head_split=kda_head_split,
                               tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision,
-                              pipeline_parallel_size=pp)
+                              pipeline_parallel_size=pp, kernels=kernels)
         split = (DisaggConfig(prefill_workers, decode_workers, kv_store, transfer_timeout) if disagg else None)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info", disagg=split)

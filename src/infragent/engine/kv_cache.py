@@ -135,7 +135,7 @@ class KVCache:
         k, v = self.k[layer], self.v[layer]
         batch = inputs.num_decodes
         table = inputs.decode_blocks.view(batch, -1) if self.layout == "paged" else inputs.decode_regions.view(batch, 1)
-        with span("paged_attention", layer=layer, tokens=int(table.numel()) * k.shape[2]):
+        with span("paged_attention", layer=layer, blocks=table.numel()):
             return torch.ops.infragent.paged_decode_attention(q, k, v, table, inputs.decode_context_lens)
 
     def _gather(self, which: int, source: torch.Tensor, scale: torch.Tensor | None,

@@ -5,7 +5,7 @@
 // paged_decode_attention: one query row per sequence attends over its own blocks, read in place from
 //   the cache (no gather), with the exact context length (no padding mask). GQA: query head h reads
 //   kv head h / (heads / kv_heads).
-// Work splits over sequences (or (sequence, kv head) pairs) with at::parallel_for, torch's thread pool.
+// Work splits over (sequence, kv head) pairs with at::parallel_for, torch's own thread pool.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -75,6 +75,88 @@ void rope_and_cache_(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   });
 }
 
+struct Cache {
+  const float* k;
+  const float* v;
+  int64_t kv_heads, block_size;
+
+  // Rows [first, first + block_size) of kv head h of a sequence whose block table is blocks, as
+  // [block_size, head_dim]: one contiguous run.
+  const float* keys(const int64_t* blocks, int64_t first, int64_t h, int64_t dim) const {
+    return k + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
+  }
+  const float* values(const int64_t* blocks, int64_t first, int64_t h, int64_t dim) const {
+    return v + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
+  }
+};
+
+// The group of query rows [G, head_dim] that share kv head h attends over len tokens of one sequence.
+// G and C (= head_dim / 16) are compile-time for the common shapes, so the query rows and the output
+// accumulators stay in registers and each key or value row is loaded once for the whole group;
+// G = C = 0 is the general case, the same arithmetic with runtime sizes.
+template <int G, int C>
+void attend_kv_head(const float* query, float* output, const Cache& cache, const int64_t* blocks, int64_t len,
+                    int64_t h, int64_t group_rt, int64_t dim_rt, float* scores) {
+  const int64_t group = G ? G : group_rt, dim = C ? C * 16 : dim_rt, bs = cache.block_size;
+  if constexpr (G > 0 && C > 0) {
+    vec16 q[G][C];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) q[g][c] = load16(query + g * dim + c * 16);
+    for (int64_t first = 0; first < len; first += bs) {
+      const float* keys = cache.keys(blocks, first, h, dim);
+      for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
+        vec16 key[C];
+        for (int c = 0; c < C; ++c) key[c] = load16(keys + t * dim + c * 16);
+        for (int g = 0; g < G; ++g) {
+          vec16 acc = q[g][0] * key[0];
+          for (int c = 1; c < C; ++c) acc += q[g][c] * key[c];
+          scores[g * len + first + t] = hsum(acc);
+        }
+      }
+    }
+  } else {
+    for (int64_t first = 0; first < len; first += bs) {
+      const float* keys = cache.keys(blocks, first, h, dim);
+      for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
+        for (int64_t g = 0; g < group; ++g) {
+          vec16 acc = load16(query + g * dim) * load16(keys + t * dim);
+          for (int64_t i = 16; i < dim; i += 16) acc += load16(query + g * dim + i) * load16(keys + t * dim + i);
+          scores[g * len + first + t] = hsum(acc);
+        }
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) softmax(scores + g * len, len);
+  if constexpr (G > 0 && C > 0) {
+    vec16 acc[G][C] = {};
+    for (int64_t first = 0; first < len; first += bs) {
+      const float* values = cache.values(blocks, first, h, dim);
+      for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
+        vec16 value[C];
+        for (int c = 0; c < C; ++c) value[c] = load16(values + t * dim + c * 16);
+        for (int g = 0; g < G; ++g) {
+          const float p = scores[g * len + first + t];
+          for (int c = 0; c < C; ++c) acc[g][c] += p * value[c];
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) store16(output + g * dim + c * 16, acc[g][c]);
+  } else {  // accumulators in memory, token by token: the (row, lane) chains are independent
+    std::fill(output, output + group * dim, 0.f);
+    for (int64_t first = 0; first < len; first += bs) {
+      const float* values = cache.values(blocks, first, h, dim);
+      for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * len + first + t];
+          float* out = output + g * dim;
+          for (int64_t i = 0; i < dim; i += 16) store16(out + i, load16(out + i) + p * load16(values + t * dim + i));
+        }
+      }
+    }
+  }
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_table, const at::Tensor& context_lens) {
   check_cache(k_cache, "k_cache");
@@ -103,51 +185,21 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const int64_t group = heads / kv_heads, q_stride = q.stride(0);
   auto out = at::empty({batch, heads, dim}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* kc = k_cache.data_ptr<float>();
-  const float* vc = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  // A work item is one sequence with all its kv heads (each block's heads are one contiguous run of memory)
-  // when there are enough sequences to keep every thread busy, else one (sequence, kv head) pair.
-  const int64_t span_heads = batch >= 2 * at::get_num_threads() ? kv_heads : 1;
-  const int64_t rows = span_heads * group;  // query heads of an item
-  at::parallel_for(0, batch * (kv_heads / span_heads), 1, [&](int64_t begin, int64_t end) {
+  const Cache cache{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), kv_heads, block_size};
+  // the common shapes get the accumulators in registers: (group, head_dim / 16) known at compile time
+  auto attend = group == 3 && dim == 64 ? attend_kv_head<3, 4>
+              : group == 4 && dim == 64 ? attend_kv_head<4, 4>
+              : group == 1 && dim == 64 ? attend_kv_head<1, 4>
+              : group == 2 && dim == 64 ? attend_kv_head<2, 4>
+              : attend_kv_head<0, 0>;
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (kv_heads / span_heads), first_head = item % (kv_heads / span_heads) * span_heads;
-      const int64_t len = lens[b];
-      const int64_t* blocks = table + b * width;
-      const float* query = qp + b * q_stride + first_head * group * dim;
-      float* output = op + (b * heads + first_head * group) * dim;
-      scores.resize(rows * len);
-      // scores[r][t] = q_r . k_t for query head r of kv head r / group, the keys read where the cache holds them
-      for (int64_t first = 0; first < len; first += block_size) {
-        const int64_t count = std::min(block_size, len - first);
-        const float* block = kc + (blocks[first / block_size] * kv_heads + first_head) * block_size * dim;
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* keys = block + r / group * block_size * dim;
-          const float* qr = query + r * dim;
-          for (int64_t t = 0; t < count; ++t) {
-            vec16 acc = load16(qr) * load16(keys + t * dim);
-            for (int64_t i = 16; i < dim; i += 16) acc += load16(qr + i) * load16(keys + t * dim + i);
-            scores[r * len + first + t] = hsum(acc);
-          }
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r) softmax(scores.data() + r * len, len);
-      // output_r = sum_t p_r[t] v_t, token by token: the (row, lane) accumulators are independent chains
-      std::fill(output, output + rows * dim, 0.f);
-      for (int64_t first = 0; first < len; first += block_size) {
-        const int64_t count = std::min(block_size, len - first);
-        const float* block = vc + (blocks[first / block_size] * kv_heads + first_head) * block_size * dim;
-        for (int64_t t = 0; t < count; ++t) {
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* value = block + (r / group * block_size + t) * dim;
-            const float p = scores[r * len + first + t];
-            float* out = output + r * dim;
-            for (int64_t i = 0; i < dim; i += 16) store16(out + i, load16(out + i) + p * load16(value + i));
-          }
-        }
-      }
+      const int64_t b = item / kv_heads, h = item % kv_heads;
+      scores.resize(group * lens[b]);
+      attend(qp + b * q_stride + h * group * dim, op + (b * heads + h * group) * dim, cache, table + b * width,
+             lens[b], h, group, dim, scores.data());
     }
   });
   return out;
