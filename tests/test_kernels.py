@@ -135,3 +135,20 @@ def test_hybrid_engine_native_and_torch_backends_agree():
     assert native.engine.model.kernels and not torch_ops.engine.model.kernels
     assert [o.token_ids for o in native.generate(prompts, params)] == \
         [o.token_ids for o in torch_ops.generate(prompts, params)]
+
+
+def test_a_failed_build_falls_back_under_auto_and_is_an_error_under_native(monkeypatch, caplog, tmp_path):
+    """Where the kernels cannot build, auto says why once and runs torch ops; native names the knob."""
+    from infragent.engine.kernels import build
+
+    monkeypatch.setattr(build, "_loaded", False)
+    monkeypatch.setattr(build, "_error", None)
+    monkeypatch.setattr(build, "SOURCES", [build.HERE / "missing.cpp"])
+    monkeypatch.setenv("INFRAGENT_KERNEL_CACHE", str(tmp_path))
+    sizes = {"head_dim": 64, "hidden_size": 576, "intermediate_size": 1536}
+    with caplog.at_level("WARNING", logger=build.__name__):
+        assert not use_native_kernels("auto", torch.float32, sizes)
+        assert not use_native_kernels("auto", torch.float32, sizes)
+    assert len(caplog.records) == 1 and "did not build" in caplog.records[0].getMessage()
+    with pytest.raises(ConfigError, match="kernels: native kernels .* did not build"):
+        use_native_kernels("native", torch.float32, sizes)
