@@ -3,7 +3,8 @@
 Two engines (kernels native and torch: paged attention, RoPE + cache write, residual add + RMSNorm, silu * up) hold the same batch of sequences 128 tokens into their
 context; rounds alternate which backend steps first (ABBA), and each round times a few decode steps of
 each. Prints ms per step for both and the ratio with a bootstrap 95% CI, at each batch size.
-    PYTHONPATH=src .venv/bin/python benchmarks/native_kernels.py [--batch 1 32] [--rounds 12] [--json F]
+    PYTHONPATH=src .venv/bin/python benchmarks/native_kernels.py [--batch 1 32] [--rounds 12]
+        [--kv-cache-dtype bf16] [--json F]
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=4, help="decode steps per backend per round")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="KV storage of both engines (auto, bf16, ...)")
     parser.add_argument("--json", help="write the raw samples here")
     args = parser.parse_args()
-    engines = {name: LLM(model="llama", kernels=name) for name in ("native", "torch")}
+    engines = {name: LLM(model="llama", kernels=name, kv_cache_dtype=args.kv_cache_dtype) for name in ("native", "torch")}
     results = {}
     for batch in args.batch:
         for llm in engines.values():
@@ -64,7 +66,7 @@ def main() -> None:
               f"torch {bootstrap_median(samples['torch']).fmt(1)} ms/step, native/torch {ratio.fmt(3)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ms_per_step": results, "torch": torch.__version__}, f)
+            json.dump({"ms_per_step": results, "kv_cache_dtype": args.kv_cache_dtype, "torch": torch.__version__}, f)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,32 @@ def test_paged_decode_attention_matches_gathered_attention(heads, kv_heads, dim,
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_bf16_cache_is_written_and_read_as_torch_rounds_it():
+    """A bf16 KV layer: rope_and_cache_ rounds like .to(torch.bfloat16) (nearest even, NaN kept); attention
+    reads the stored values back exactly."""
+    gen = torch.Generator().manual_seed(3)
+    heads, kv_heads, dim, block_size, tokens = 9, 3, 64, 16, 20
+    rotary = Rotary(dim, 10000.0, 64, torch.float32)
+    cos, sin = rotary.tables(torch.arange(tokens))
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)
+    qkv[3, -1] = float("nan")  # a NaN in a stored v row stays a NaN
+    blocks, offsets = torch.arange(tokens) // block_size, torch.arange(tokens) % block_size
+    shape = (4, kv_heads, block_size, dim)
+    k32, v32 = torch.zeros(shape), torch.zeros(shape)
+    k16, v16 = torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16)
+    torch.ops.infragent.rope_and_cache_(qkv.clone(), cos, sin, k32, v32, blocks, offsets, heads)
+    torch.ops.infragent.rope_and_cache_(qkv, cos, sin, k16, v16, blocks, offsets, heads)
+    assert torch.equal(k16.view(torch.int16), k32.to(torch.bfloat16).view(torch.int16))  # bit for bit
+    assert v16[0, 2, 3, 63].isnan()  # torch's own NaN bits differ between its conversion paths
+    torch.testing.assert_close(v16, v32.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+    q = qkv[:2, :heads * dim].view(2, heads, dim).contiguous()
+    table, lens = torch.tensor([[0, 1], [1, 0]]), torch.tensor([19, 7])
+    v16[3, 2, 15, 0] = float("nan")  # an unused block: never read
+    expected = torch.ops.infragent.paged_decode_attention(q, k16.float(), v16.float(), table, lens)
+    out = torch.ops.infragent.paged_decode_attention(q, k16, v16, table, lens)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6, equal_nan=True)  # the NaN reaches both alike
+
+
 def test_paged_decode_attention_reads_strided_queries_and_one_region_per_row():
     """q as a view of fused qkv rows; a contiguous-layout cache is one block (region) per sequence."""
     gen = torch.Generator().manual_seed(1)
@@ -123,16 +149,17 @@ def test_kernels_knob():
         EngineConfig(kernels="flash")
 
 
-def test_hybrid_engine_native_and_torch_backends_agree():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
+def test_hybrid_engine_native_and_torch_backends_agree(kv_cache_dtype):
     """Greedy tokens agree across the two backends (batched prompts of mixed lengths, 12 decode steps)."""
     from infragent.engine.llm import LLM
     from infragent.engine.sampling import SamplingParams
 
     prompts = ["The capital of France is", "a b c d e f g h i j k l m n o p q r s", "Hi"]
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    native = LLM(model="hybrid", kernels="native")
-    torch_ops = LLM(model="hybrid", kernels="torch")
-    assert native.engine.model.kernels and not torch_ops.engine.model.kernels
+    native = LLM(model="hybrid", kernels="native", kv_cache_dtype=kv_cache_dtype)
+    torch_ops = LLM(model="hybrid", kernels="torch", kv_cache_dtype=kv_cache_dtype)
+    assert native.engine.kv_cache.native(0) and not torch_ops.engine.kv_cache.native(0)
     assert [o.token_ids for o in native.generate(prompts, params)] == \
         [o.token_ids for o in torch_ops.generate(prompts, params)]
 

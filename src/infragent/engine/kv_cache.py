@@ -40,7 +40,7 @@ class KVCache:
         self.transfer_mode = "layerwise"  # or "after_prefill": every layer's rows published after the forward
         self._unsent: tuple | None = None
         self._held: list[tuple] = []  # after_prefill: layers done, not yet published
-        self.kernels = False  # whether layers stored in the model's dtype use the native kernels (kernels/)
+        self.kernels = False  # whether the native kernels (kernels/) run the layers they apply to (native())
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
@@ -49,8 +49,10 @@ class KVCache:
         self.stage_transfer(layer, k, v, inputs)
 
     def native(self, layer: int) -> bool:
-        """Whether this layer's writes and decode attention run the native kernels."""
-        return self.kernels and self.formats[layer] is None
+        """Whether this layer's writes and decode attention run the native kernels (the model's dtype or bf16
+        storage; scaled int8/fp8 layers keep the torch path)."""
+        fmt = self.formats[layer]
+        return self.kernels and (fmt is None or fmt.dtype == torch.bfloat16)
 
     def rope_and_write(self, layer: int, qkv: torch.Tensor, num_heads: int,
                        inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-// Decode-time attention kernels for the paged KV cache (fp32, CPU), registered as torch.ops.infragent.*.
+// Decode-time attention kernels for the paged KV cache (fp32 math; the cache in fp32 or bf16), registered
+// as torch.ops.infragent.*.
 //
 // rope_and_cache_: rotate the q and k heads of a step's fused qkv rows in place (NeoX rotate-half) and
 //   write each row's k and v heads into its cache slot (block, offset).
@@ -22,37 +23,29 @@ namespace {
 
 using namespace infragent;
 
-void check_cache(const at::Tensor& cache, const char* name) {
-  TORCH_CHECK(cache.dim() == 4 && cache.scalar_type() == at::kFloat && cache.is_contiguous(), name,
-              " must be a contiguous fp32 [blocks, kv_heads, block_size, head_dim] cache, got ", cache.sizes());
+void check_caches(const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  for (const at::Tensor* cache : {&k_cache, &v_cache})
+    TORCH_CHECK(cache->dim() == 4 && cache->is_contiguous() &&
+                (cache->scalar_type() == at::kFloat || cache->scalar_type() == at::kBFloat16),
+                "the K and V caches must be contiguous fp32 or bf16 [blocks, kv_heads, block_size, head_dim], got ",
+                cache->scalar_type(), " ", cache->sizes());
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "k_cache and v_cache differ in shape or dtype");
 }
 
-void rope_and_cache_(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_blocks,
-                     const at::Tensor& slot_offsets, int64_t num_heads) {
-  check_cache(k_cache, "k_cache");
-  check_cache(v_cache, "v_cache");
-  const int64_t tokens = qkv.size(0), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
-  const int64_t dim = k_cache.size(3), half = dim / 2, num_blocks = k_cache.size(0);
-  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.stride(1) == 1 &&
-              qkv.size(1) == (num_heads + 2 * kv_heads) * dim, "qkv must be fp32 [tokens, (heads + 2 kv_heads) * head_dim]");
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
-              sin.is_contiguous() && cos.numel() == tokens * dim && sin.numel() == tokens * dim,
-              "cos and sin must be contiguous fp32 with head_dim values per token");
-  TORCH_CHECK(slot_blocks.scalar_type() == at::kLong && slot_offsets.scalar_type() == at::kLong &&
-              slot_blocks.is_contiguous() && slot_offsets.is_contiguous() && slot_blocks.numel() == tokens &&
-              slot_offsets.numel() == tokens, "slot_blocks and slot_offsets must be contiguous int64 [tokens]");
-  const int64_t* blocks = slot_blocks.data_ptr<int64_t>();
-  const int64_t* offsets = slot_offsets.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(blocks[t] >= 0 && blocks[t] < num_blocks && offsets[t] >= 0 && offsets[t] < block_size,
-                "slot (", blocks[t], ", ", offsets[t], ") of token row ", t, " is outside the cache");
+// The cache's elements as stored: float, or bf16 bits.
+template <typename T>
+T* elements(const at::Tensor& cache) {
+  return reinterpret_cast<T*>(cache.data_ptr());
+}
+
+template <typename T>
+void rope_and_store(const at::Tensor& qkv, const float* cos_p, const float* sin_p, T* kc, T* vc,
+                    const int64_t* blocks, const int64_t* offsets, int64_t num_heads, int64_t kv_heads,
+                    int64_t block_size, int64_t dim) {
+  const int64_t tokens = qkv.size(0), half = dim / 2;
   float* rows = qkv.data_ptr<float>();
   const int64_t row_stride = qkv.stride(0), rotated = num_heads + kv_heads;
-  const float* cos_p = cos.data_ptr<float>();
-  const float* sin_p = sin.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 64 / rotated);
   at::parallel_for(0, tokens, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> x(dim);
@@ -68,24 +61,52 @@ void rope_and_cache_(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
       }
       for (int64_t h = 0; h < kv_heads; ++h) {
         const int64_t slot = ((blocks[t] * kv_heads + h) * block_size + offsets[t]) * dim;
-        std::memcpy(kc + slot, row + (num_heads + h) * dim, dim * sizeof(float));
-        std::memcpy(vc + slot, row + (rotated + h) * dim, dim * sizeof(float));
+        store_row(kc + slot, row + (num_heads + h) * dim, dim);
+        store_row(vc + slot, row + (rotated + h) * dim, dim);
       }
     }
   });
 }
 
+void rope_and_cache_(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slot_blocks,
+                     const at::Tensor& slot_offsets, int64_t num_heads) {
+  check_caches(k_cache, v_cache);
+  const int64_t tokens = qkv.size(0), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
+  const int64_t dim = k_cache.size(3), num_blocks = k_cache.size(0);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.stride(1) == 1 &&
+              qkv.size(1) == (num_heads + 2 * kv_heads) * dim, "qkv must be fp32 [tokens, (heads + 2 kv_heads) * head_dim]");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.numel() == tokens * dim && sin.numel() == tokens * dim,
+              "cos and sin must be contiguous fp32 with head_dim values per token");
+  TORCH_CHECK(slot_blocks.scalar_type() == at::kLong && slot_offsets.scalar_type() == at::kLong &&
+              slot_blocks.is_contiguous() && slot_offsets.is_contiguous() && slot_blocks.numel() == tokens &&
+              slot_offsets.numel() == tokens, "slot_blocks and slot_offsets must be contiguous int64 [tokens]");
+  const int64_t* blocks = slot_blocks.data_ptr<int64_t>();
+  const int64_t* offsets = slot_offsets.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(blocks[t] >= 0 && blocks[t] < num_blocks && offsets[t] >= 0 && offsets[t] < block_size,
+                "slot (", blocks[t], ", ", offsets[t], ") of token row ", t, " is outside the cache");
+  if (k_cache.scalar_type() == at::kFloat)
+    rope_and_store(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), elements<float>(k_cache),
+                   elements<float>(v_cache), blocks, offsets, num_heads, kv_heads, block_size, dim);
+  else
+    rope_and_store(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), elements<uint16_t>(k_cache),
+                   elements<uint16_t>(v_cache), blocks, offsets, num_heads, kv_heads, block_size, dim);
+}
+
+template <typename T>
 struct Cache {
-  const float* k;
-  const float* v;
+  const T* k;
+  const T* v;
   int64_t kv_heads, block_size;
 
   // Rows [first, first + block_size) of kv head h of a sequence whose block table is blocks, as
   // [block_size, head_dim]: one contiguous run.
-  const float* keys(const int64_t* blocks, int64_t first, int64_t h, int64_t dim) const {
+  const T* keys(const int64_t* blocks, int64_t first, int64_t h, int64_t dim) const {
     return k + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
   }
-  const float* values(const int64_t* blocks, int64_t first, int64_t h, int64_t dim) const {
+  const T* values(const int64_t* blocks, int64_t first, int64_t h, int64_t dim) const {
     return v + (blocks[first / block_size] * kv_heads + h) * block_size * dim;
   }
 };
@@ -94,8 +115,8 @@ struct Cache {
 // G and C (= head_dim / 16) are compile-time for the common shapes, so the query rows and the output
 // accumulators stay in registers and each key or value row is loaded once for the whole group;
 // G = C = 0 is the general case, the same arithmetic with runtime sizes.
-template <int G, int C>
-void attend_kv_head(const float* query, float* output, const Cache& cache, const int64_t* blocks, int64_t len,
+template <typename T, int G, int C>
+void attend_kv_head(const float* query, float* output, const Cache<T>& cache, const int64_t* blocks, int64_t len,
                     int64_t h, int64_t group_rt, int64_t dim_rt, float* scores) {
   const int64_t group = G ? G : group_rt, dim = C ? C * 16 : dim_rt, bs = cache.block_size;
   if constexpr (G > 0 && C > 0) {
@@ -103,7 +124,7 @@ void attend_kv_head(const float* query, float* output, const Cache& cache, const
     for (int g = 0; g < G; ++g)
       for (int c = 0; c < C; ++c) q[g][c] = load16(query + g * dim + c * 16);
     for (int64_t first = 0; first < len; first += bs) {
-      const float* keys = cache.keys(blocks, first, h, dim);
+      const T* keys = cache.keys(blocks, first, h, dim);
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         vec16 key[C];
         for (int c = 0; c < C; ++c) key[c] = load16(keys + t * dim + c * 16);
@@ -116,7 +137,7 @@ void attend_kv_head(const float* query, float* output, const Cache& cache, const
     }
   } else {
     for (int64_t first = 0; first < len; first += bs) {
-      const float* keys = cache.keys(blocks, first, h, dim);
+      const T* keys = cache.keys(blocks, first, h, dim);
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         for (int64_t g = 0; g < group; ++g) {
           vec16 acc = load16(query + g * dim) * load16(keys + t * dim);
@@ -130,7 +151,7 @@ void attend_kv_head(const float* query, float* output, const Cache& cache, const
   if constexpr (G > 0 && C > 0) {
     vec16 acc[G][C] = {};
     for (int64_t first = 0; first < len; first += bs) {
-      const float* values = cache.values(blocks, first, h, dim);
+      const T* values = cache.values(blocks, first, h, dim);
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         vec16 value[C];
         for (int c = 0; c < C; ++c) value[c] = load16(values + t * dim + c * 16);
@@ -145,7 +166,7 @@ void attend_kv_head(const float* query, float* output, const Cache& cache, const
   } else {  // accumulators in memory, token by token: the (row, lane) chains are independent
     std::fill(output, output + group * dim, 0.f);
     for (int64_t first = 0; first < len; first += bs) {
-      const float* values = cache.values(blocks, first, h, dim);
+      const T* values = cache.values(blocks, first, h, dim);
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * len + first + t];
@@ -157,11 +178,34 @@ void attend_kv_head(const float* query, float* output, const Cache& cache, const
   }
 }
 
+// Every (sequence, kv head) item of the batch, split over torch's thread pool.
+template <typename T>
+void attend_all(const at::Tensor& q, at::Tensor& out, const Cache<T>& cache, const int64_t* table, int64_t width,
+                const int64_t* lens) {
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = cache.kv_heads;
+  const int64_t group = heads / kv_heads, q_stride = q.stride(0);
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // the common shapes get the accumulators in registers: (group, head_dim / 16) known at compile time
+  auto attend = group == 3 && dim == 64 ? attend_kv_head<T, 3, 4>
+              : group == 4 && dim == 64 ? attend_kv_head<T, 4, 4>
+              : group == 1 && dim == 64 ? attend_kv_head<T, 1, 4>
+              : group == 2 && dim == 64 ? attend_kv_head<T, 2, 4>
+              : attend_kv_head<T, 0, 0>;
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / kv_heads, h = item % kv_heads;
+      scores.resize(group * lens[b]);
+      attend(qp + b * q_stride + h * group * dim, op + (b * heads + h * group) * dim, cache, table + b * width,
+             lens[b], h, group, dim, scores.data());
+    }
+  });
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_table, const at::Tensor& context_lens) {
-  check_cache(k_cache, "k_cache");
-  check_cache(v_cache, "v_cache");
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache differ in shape");
+  check_caches(k_cache, v_cache);
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t num_blocks = k_cache.size(0), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == dim &&
@@ -182,26 +226,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       TORCH_CHECK(table[b * width + j] >= 0 && table[b * width + j] < num_blocks, "block ",
                   table[b * width + j], " of row ", b, " is outside the cache");
   }
-  const int64_t group = heads / kv_heads, q_stride = q.stride(0);
   auto out = at::empty({batch, heads, dim}, q.options());
-  const float* qp = q.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const Cache cache{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), kv_heads, block_size};
-  // the common shapes get the accumulators in registers: (group, head_dim / 16) known at compile time
-  auto attend = group == 3 && dim == 64 ? attend_kv_head<3, 4>
-              : group == 4 && dim == 64 ? attend_kv_head<4, 4>
-              : group == 1 && dim == 64 ? attend_kv_head<1, 4>
-              : group == 2 && dim == 64 ? attend_kv_head<2, 4>
-              : attend_kv_head<0, 0>;
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / kv_heads, h = item % kv_heads;
-      scores.resize(group * lens[b]);
-      attend(qp + b * q_stride + h * group * dim, op + (b * heads + h * group) * dim, cache, table + b * width,
-             lens[b], h, group, dim, scores.data());
-    }
-  });
+  if (k_cache.scalar_type() == at::kFloat)
+    attend_all(q, out, Cache<float>{elements<float>(k_cache), elements<float>(v_cache), kv_heads, block_size},
+               table, width, lens);
+  else
+    attend_all(q, out, Cache<uint16_t>{elements<uint16_t>(k_cache), elements<uint16_t>(v_cache), kv_heads,
+                                       block_size}, table, width, lens);
   return out;
 }
 

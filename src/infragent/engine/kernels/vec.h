@@ -20,6 +20,33 @@ inline vec16 load16(const float* p) {
 
 inline void store16(float* p, vec16 v) { std::memcpy(p, &v, sizeof v); }
 
+// bf16 storage (a KV cache in bf16): the sixteen values widened to fp32, whose upper halves they are.
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+inline vec16 load16(const uint16_t* p) {
+  u16x16 half;
+  std::memcpy(&half, p, sizeof half);
+  const u32x16 bits = __builtin_convertvector(half, u32x16) << 16;
+  vec16 v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// fp32 -> bf16 rounded to nearest even (the bits torch's .to(torch.bfloat16) gives); a NaN stays a NaN.
+inline uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+inline void store_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void store_row(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
 // The sum of the sixteen lanes, as a tree of four shuffles and adds (a lane-by-lane sum is a 16-add chain).
 inline float hsum(vec16 v) {
   v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
