@@ -47,7 +47,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", help="KV storage of both engines (auto, bf16, ...)")
     parser.add_argument("--json", help="write the raw samples here")
     args = parser.parse_args()
-    engines = {name: LLM(model="llama", kernels=name, kv_cache_dtype=args.kv_cache_dtype) for name in ("native", "torch")}
+    engines = {name: LLM(model="llama", kernels=name, kv_cache_dtype=args.kv_cache_dtype)
+               for name in ("native", "torch")}
     results = {}
     for batch in args.batch:
         for llm in engines.values():
@@ -66,7 +67,8 @@ def main() -> None:
               f"torch {bootstrap_median(samples['torch']).fmt(1)} ms/step, native/torch {ratio.fmt(3)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"ms_per_step": results, "kv_cache_dtype": args.kv_cache_dtype, "torch": torch.__version__}, f)
+            json.dump({"ms_per_step": results, "kv_cache_dtype": args.kv_cache_dtype,
+                       "torch": torch.__version__}, f)
 
 
 if __name__ == "__main__":
