@@ -135,6 +135,7 @@ class DisaggEngine:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the router thread and one reader per worker; deltas are delivered on loop."""
         self._loop = loop
+        self._publish_gauges()  # /metrics shows the workers from the first request on, not after the first route
         self._threads = [threading.Thread(target=self._read, args=(w,), name=f"read-{w.role}-{w.index}",
                                           daemon=True) for w in self.workers]
         self._threads.append(threading.Thread(target=self._route, name="router", daemon=True))
