@@ -65,8 +65,8 @@ def load() -> None:
             scripts = sysconfig.get_path("scripts")  # the venv's bin holds the ninja of the `ninja` package
             if scripts not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + scripts
-            load_extension(name=name, sources=[str(path) for path in SOURCES], extra_cflags=CFLAGS, is_python_module=False,
-                           build_directory=str(directory), verbose=False)
+            load_extension(name=name, sources=[str(path) for path in SOURCES], extra_cflags=CFLAGS,
+                           is_python_module=False, build_directory=str(directory), verbose=False)
         except Exception as exc:  # compiler, headers or ninja missing; a failed compile
             lines = str(exc).strip().splitlines()
             reason = next((line for line in lines if "error:" in line), lines[-1] if lines else type(exc).__name__)
