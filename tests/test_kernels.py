@@ -8,7 +8,8 @@ from infragent.engine.kernels.build import load, use_native_kernels
 from infragent.engine.config import ConfigError
 from infragent.engine.models.layers import Rotary, decode_attention
 
-# Without a compiler they cannot build (the engine falls back, tested elsewhere); with one, they must.
+# Without a compiler they cannot build (the engine then runs torch ops: the failed-build test at the end
+# simulates that); with one, they must build, and a compile error fails every test here.
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here")
 
 
