@@ -103,7 +103,8 @@ class DecoderModel:
     def add_rms_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
         """hidden += delta in place (when given), then RMSNorm(hidden) as a new tensor."""
         if self.kernels:
-            delta = delta if delta is None else delta.contiguous()
+            if delta is not None:
+                delta = delta.contiguous()
             return torch.ops.infragent.add_rms_norm_(hidden, delta, weight, self.spec.rms_eps)
         if delta is not None:
             hidden += delta
