@@ -97,7 +97,8 @@ def run_transformers(spec: dict) -> dict:
 
 
 def run_llamacpp(spec: dict) -> dict:
-    """Time llama.cpp (llama-cpp-python) batch-1 greedy decode and one long prefill; it does not batch."""
+    """Time llama.cpp (llama-cpp-python) greedy decode and one long prefill. It does not batch: its server
+    runs one request at a time, so c=8 and c=32 serve their prompts one after another, as that server would."""
     from llama_cpp import Llama
 
     threads = spec["threads"]
@@ -122,6 +123,11 @@ def run_llamacpp(spec: dict) -> dict:
     decode(spec["warmup"][0], 8)
     tokens, ttft, wall = decode(spec["prompts"]["c1"][0], spec["max_tokens"])
     samples = {"c1": len(tokens) / wall, "c1_decode_only": (len(tokens) - 1) / (wall - ttft)}
+    for key in WORKLOADS[1:]:
+        start, generated = time.perf_counter(), 0
+        for prompt in spec["prompts"][key]:
+            generated += len(decode(prompt, spec["max_tokens"])[0])
+        samples[key] = generated / (time.perf_counter() - start)
     llm.reset()
     start = time.perf_counter()
     llm.eval(spec["prefill_prompt"])
