@@ -24,7 +24,7 @@ LOOP = 200_000
 
 def _loop_ns(body: str, repeats: int = 15) -> list[float]:
     """ns per iteration of `body` (a statement using span) minus an empty loop, per repeat."""
-    env = {"span": span, "range": range}
+    env = {"span": span, "range": range, "NULL": span("decode"), "nothing": lambda name: None}
     exec(f"def timed(n):\n    for _ in range(n):\n        {body}\n"
          "def empty(n):\n    for _ in range(n):\n        pass\n", env)
     timed, empty = env["timed"], env["empty"]
@@ -48,6 +48,9 @@ def span_costs() -> dict[str, list[float]]:
     costs = {
         "disabled with span(name)": _loop_ns('with span("decode"): pass'),
         "disabled with span(name, attr)": _loop_ns('with span("attention", layer=3): pass'),
+        # what CPython itself charges for the two halves of a disabled span, on this machine
+        "floor: with on span's null object (no call)": _loop_ns("with NULL: pass"),
+        "floor: a one-argument Python call": _loop_ns('nothing("decode")'),
     }
     env_fn = noop
     samples = []
@@ -115,6 +118,10 @@ def main() -> None:
         print(f"  {name:42s} {bootstrap_median(samples).fmt(1)}")
     disabled = bootstrap_median(costs["disabled with span(name)"])
     print(f"  limit: disabled span <= 100 ns -> {'PASS' if disabled.median <= 100 else 'FAIL'}")
+    floor = (bootstrap_median(costs["floor: with on span's null object (no call)"]).median
+             + bootstrap_median(costs["floor: a one-argument Python call"]).median)
+    print(f"  floor: a `with` block plus a call cost {floor:.0f} ns here before span does anything; span's own "
+          f"share is {disabled.median - floor:.0f} ns")
     steps = step_overheads(args.pairs, args.batch)
     rec = paired_ratio(steps["off_rec"], steps["on_rec"])
     prof = paired_ratio(steps["off_prof"], steps["on_prof"])
