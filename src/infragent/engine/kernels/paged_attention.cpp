@@ -147,8 +147,9 @@ void attend_kv_head(const float* query, float* output, const Cache<T>& cache, co
       }
     }
   }
-  for (int64_t g = 0; g < group; ++g) softmax(scores + g * len, len);
   if constexpr (G > 0 && C > 0) {
+    float norm[G];  // 1 / each query row's softmax sum, applied to its output once at the end
+    for (int g = 0; g < G; ++g) norm[g] = softmax_unnormalized(scores + g * len, len);
     vec16 acc[G][C] = {};
     for (int64_t first = 0; first < len; first += bs) {
       const T* values = cache.values(blocks, first, h, dim);
@@ -162,8 +163,12 @@ void attend_kv_head(const float* query, float* output, const Cache<T>& cache, co
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < C; ++c) store16(output + g * dim + c * 16, acc[g][c]);
+      for (int c = 0; c < C; ++c) store16(output + g * dim + c * 16, acc[g][c] * norm[g]);
   } else {  // accumulators in memory, token by token: the (row, lane) chains are independent
+    for (int64_t g = 0; g < group; ++g) {
+      const float norm = softmax_unnormalized(scores + g * len, len);
+      for (int64_t t = 0; t < len; ++t) scores[g * len + t] *= norm;
+    }
     std::fill(output, output + group * dim, 0.f);
     for (int64_t first = 0; first < len; first += bs) {
       const T* values = cache.values(blocks, first, h, dim);

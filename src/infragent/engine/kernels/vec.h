@@ -78,9 +78,26 @@ inline vec16 exp_nonpositive(vec16 x) {
   return p * scale;
 }
 
-// Softmax of s[0, len) in place.
-inline void softmax(float* s, int64_t len) {
-  const float top = *std::max_element(s, s + len);
+// The largest of s[0, len): a vector max over whole groups of sixteen, then the rest.
+inline float max_of(const float* s, int64_t len) {
+  float top = s[0];
+  int64_t t = 0;
+  if (len >= 16) {
+    vec16 m = load16(s);
+    for (t = 16; t + 16 <= len; t += 16) {
+      const vec16 x = load16(s + t);
+      m = x > m ? x : m;
+    }
+    for (int i = 0; i < 16; ++i) top = std::max(top, m[i]);
+  }
+  for (; t < len; ++t) top = std::max(top, s[t]);
+  return top;
+}
+
+// exp(s - max(s)) over s[0, len) in place: the softmax before its normalization, whose factor (1 / the sum)
+// is returned so the caller can apply it once to what it computes from these weights.
+inline float softmax_unnormalized(float* s, int64_t len) {
+  const float top = max_of(s, len);
   vec16 total = vec16{};
   int64_t t = 0;
   for (; t + 16 <= len; t += 16) {
@@ -99,8 +116,7 @@ inline void softmax(float* s, int64_t len) {
       sum += e[i];
     }
   }
-  const float inv = 1.f / sum;
-  for (int64_t i = 0; i < len; ++i) s[i] *= inv;
+  return 1.f / sum;
 }
 
 }  // namespace infragent
