@@ -70,7 +70,7 @@ def _verdict(summary_dict: dict | None, threshold: float, higher_is_better: bool
 
 
 def targets(summary: dict) -> list[dict]:
-    """The four acceptance targets, each with its measured value and verdict."""
+    """The acceptance targets, each with its measured value and verdict."""
     ratios = summary.get("ratio_vs_transformers", {})
     rows = [("c=32 output tok/s >= 3x transformers", ratios.get("c32"), 3.0, True),
             ("c=32 output tok/s above llama.cpp's server", summary.get("ratio_vs_llamacpp", {}).get("c32"),
