@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from infragent.analysis.stats import Summary, bootstrap_median, paired_ratio
+from infragent.analysis.stats import bootstrap_median, paired_ratio
 from infragent.engine.llm import LLM
 from infragent.engine.sampling import SamplingParams
 
@@ -48,9 +48,8 @@ def ab_steps(a: LLM, b: LLM, batch: int, rounds: int, steps: int) -> tuple[list[
     return samples
 
 
-def ab_line(batch: int, names: tuple[str, str], samples: tuple[list[float], list[float]]) -> tuple[str, Summary]:
-    """The printed line for one batch size, and the per-round ratio a/b with its CI."""
+def ab_line(batch: int, names: tuple[str, str], samples: tuple[list[float], list[float]]) -> str:
+    """One batch size's result: ms per step of both and the per-round ratio a/b with its CI."""
     ratio = paired_ratio(samples[1], samples[0])  # per round: a / b
-    line = (f"batch {batch:3d}: {names[0]} {bootstrap_median(samples[0]).fmt(1)} ms/step, "
+    return (f"batch {batch:3d}: {names[0]} {bootstrap_median(samples[0]).fmt(1)} ms/step, "
             f"{names[1]} {bootstrap_median(samples[1]).fmt(1)} ms/step, {names[0]}/{names[1]} {ratio.fmt(3)}")
-    return line, ratio

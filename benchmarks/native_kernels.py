@@ -1,8 +1,9 @@
 """Native kernels vs the torch-op path: engine decode steps of the real model, A/B interleaved.
 
-Two engines (kernels native and torch: paged attention, RoPE + cache write, residual add + RMSNorm, silu * up) hold the same batch of sequences 128 tokens into their
-context; rounds alternate which backend steps first (ABBA), and each round times a few decode steps of
-each. Prints ms per step for both and the ratio with a bootstrap 95% CI, at each batch size.
+Two engines (kernels native and torch: paged attention, RoPE + cache write, residual add + RMSNorm,
+silu * up) hold the same batch of sequences 128 tokens into their context; rounds alternate which backend
+steps first (ABBA), and each round times a few decode steps of each. Prints ms per step for both and the
+ratio with a bootstrap 95% CI, at each batch size.
     PYTHONPATH=src .venv/bin/python benchmarks/native_kernels.py [--batch 1 32] [--rounds 12]
         [--kv-cache-dtype bf16] [--json F]
 """
@@ -31,7 +32,7 @@ def main() -> None:
     for batch in args.batch:
         native, torch_ops = ab_steps(*engines, batch, args.rounds, args.steps)
         results[batch] = {"native": native, "torch": torch_ops}
-        print(ab_line(batch, ("native", "torch"), (native, torch_ops))[0])
+        print(ab_line(batch, ("native", "torch"), (native, torch_ops)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ms_per_step": results, "kv_cache_dtype": args.kv_cache_dtype,

@@ -52,8 +52,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    source = HERE.relative_to(Path(subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip()))
-    old = {name: subprocess.check_output(["git", "show", f"{args.against}:{source / name}"], text=True) for name in FILES}
+    top = Path(subprocess.check_output(["git", "rev-parse", "--show-toplevel"], text=True).strip())
+    source = HERE.relative_to(top)
+    old = {name: subprocess.check_output(["git", "show", f"{args.against}:{source / name}"], text=True)
+           for name in FILES}
     new = {name: (HERE / name).read_text() for name in FILES}
     with tempfile.TemporaryDirectory() as root:
         ops = {"baseline": build("ab_baseline", old, Path(root)), "tree": build("ab_tree", new, Path(root))}
