@@ -1,9 +1,10 @@
 """How often does an A/A pair of real runs pass a relative criterion? Two identical SmolLM2 servers, N
-independent A/A comparisons (3 repeats a side, fresh prompts each time, twin requests sent back to back
-in random order), judged with
-`ttft_median_ms regression <= 5%` per bucket. Must show (issue 5): at least 95% pass.
+independent A/A comparisons (fresh prompts each time, twin requests sent back to back in random order),
+judged with `ttft_median_ms regression <= 5%` per bucket. A criterion passes only when the upper bound of
+its CI is within 5%, so, as the agent loop does, a pair starts with 3 repeats a side and adds one at a time
+(up to --max-repeats) while a bucket is inconclusive. Must show (issues 5, 28): at least 95% pass.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/criteria_aa.py [--pairs 20] [--prompts 24]
+    PYTHONPATH=src .venv/bin/python benchmarks/criteria_aa.py [--pairs 20] [--prompts 24] [--max-repeats 6]
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--max-repeats", type=int, default=6, help="repeats a pair may grow to while inconclusive")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     scenario = Scenario(name="mixed", num_prompts=args.prompts, max_concurrency=1, random_input_len=200,
@@ -33,17 +35,27 @@ def main() -> None:
             TargetProcess(baseline, {}, Path(".infragent/logs/aa-2.log")) as b:
         for k in range(args.pairs):
             runs = {"A": [], "B": []}
-            for repeat in range(3):  # seed 1000k + repeat: prompts never repeat on a server
+            repeat = 0
+            while True:  # as the loop does: 3 repeats, then one more at a time while a bucket is inconclusive
                 pair = interleaved_repeat(scenario, {"A": a.base_url, "B": b.base_url}, 1000 * k + repeat)
-                for name, run in pair.items():
+                for name, run in pair.items():  # seed 1000k + repeat: prompts never repeat on a server
                     runs[name].append(run)
-            judgements = judge(criterion, runs["B"], runs["A"], bounds=tuple(scenario.buckets), seed=k)
-            passed = all(j.verdict == "pass" for j in judgements)
-            outcomes.append({"pass": passed, "messages": [j.message for j in judgements]})
-            print(f"A/A {k + 1:2d}: {'PASS' if passed else 'FAIL'}  " + " | ".join(j.message for j in judgements),
-                  flush=True)
+                repeat += 1
+                if repeat < 3:
+                    continue
+                judgements = judge(criterion, runs["B"], runs["A"], bounds=tuple(scenario.buckets), seed=k)
+                verdicts = {j.verdict for j in judgements}
+                if "fail" in verdicts or "inconclusive" not in verdicts or repeat >= args.max_repeats:
+                    break
+            verdict = "fail" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "pass"
+            outcomes.append({"verdict": verdict, "pass": verdict == "pass", "repeats": repeat,
+                             "messages": [j.message for j in judgements]})
+            print(f"A/A {k + 1:2d}: {verdict.upper():12s} ({repeat} repeats)  "
+                  + " | ".join(j.message for j in judgements), flush=True)
     rate = sum(o["pass"] for o in outcomes)
-    print(f"A/A pairs passing: {rate}/{len(outcomes)} (must show: >= 95%)")
+    fails = sum(o["verdict"] == "fail" for o in outcomes)
+    print(f"A/A pairs passing: {rate}/{len(outcomes)} (must show: >= 95%); failing {fails}, inconclusive "
+          f"{len(outcomes) - rate - fails}; repeats used: {sorted(o['repeats'] for o in outcomes)}")
     if args.json:
         Path(args.json).write_text(json.dumps(outcomes, indent=1))
 

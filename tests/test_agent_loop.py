@@ -73,7 +73,7 @@ def test_loop_runs_gates_in_order_records_everything_and_resumes(tmp_path):
     spec.write_text(SPEC)
     ledger = Ledger(tmp_path / "ledger.sqlite")
     lines: list[str] = []
-    first = optimize(spec, ledger, Budget(probes=3, minutes=10), log=lines.append)
+    first = optimize(spec, ledger, Budget(probes=4, minutes=10), log=lines.append)  # trace, A/A, a trial
     keys = [r["key"] for r in ledger.probe_results(first.run_id)]
     assert keys[0] == "trace/baseline" and any(k.startswith("hypothesis/") for k in keys)
     assert "trial/0/check" in keys and "trial/0/outcome" in keys
@@ -84,7 +84,7 @@ def test_loop_runs_gates_in_order_records_everything_and_resumes(tmp_path):
             assert "cost_s" in r["feedback"]["details"], r["key"]
     assert any("budget" in limit for limit in first.limits)
     # resume with a larger budget: earlier trials are replayed, not re-run, and the run continues
-    resumed = optimize(spec, ledger, Budget(probes=8, minutes=10), resume=first.run_id, log=lines.append)
+    resumed = optimize(spec, ledger, Budget(probes=9, minutes=10), resume=first.run_id, log=lines.append)
     assert resumed.run_id == first.run_id and len(resumed.trials) > len(first.trials)
     after = [r["key"] for r in ledger.probe_results(first.run_id)]
     assert after[:len(keys)] == keys and after.count("trial/0/check") == 1

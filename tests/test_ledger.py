@@ -100,12 +100,15 @@ def test_kill_9_mid_run_then_resume_loses_nothing(tmp_path):
     assert 2 <= len(before) < 6, before
     book = Ledger(ledger)
     row = book.run(1)
-    assert row["status"] == "running" and row["target_pgid"]  # the crash left the run open and its target up
-    orphan = row["target_pgid"]
+    launches = book.launches(1)
+    assert row["status"] == "running" and len(launches) == 1  # the crash left the run open and its target up
+    assert launches[0]["stopped"] is None and launches[0]["role"] == "target" and launches[0]["port"]
+    orphan = launches[0]["pgid"]
     resumed = subprocess.run(_cli("measure", str(spec), "--ledger", str(ledger), "--resume", "1", cwd=tmp_path),
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"stopped the process group {orphan} (target_pgid)" in resumed.stderr
+    assert f"stopped the process group {orphan} (target, port {launches[0]['port']})" in resumed.stderr
+    assert Ledger(ledger).launches(1)[0]["status"] == "stopped by resume"
     after = _probe_rows(ledger)
     assert after[:len(before)] == before  # nothing recorded before the crash was lost or redone
     keys = [key for _, key, _ in after]

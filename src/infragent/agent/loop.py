@@ -1,6 +1,9 @@
-"""The optimization loop: trace and attribute the baseline, derive hypotheses, then for each proposal run
-the cheapest probe that could refute it first: check → local A/B → end-to-end (only after a real local
-win) → criteria → ledger. Stops at a budget of probes or minutes; a killed run resumes from the ledger.
+"""The optimization loop: trace and attribute the baseline, derive hypotheses, measure the A/A floor (the
+baseline against a twin launch of it), then for each proposal run the cheapest probe that could refute it
+first: check → local A/B over blocks → end-to-end (only after a local win beyond the floor; more repeats
+while a criterion is inconclusive) → criteria → ledger. Every launch is its own process group on its own
+port; a target that dies voids its trial. Stops at a budget of probes or minutes; an interrupted or killed
+run resumes from the ledger.
 
 Every step is one ledger record (its Feedback, with what it cost in details.cost_s), so the trajectory
 reads top to bottom with `infragent show RUN`.
@@ -14,11 +17,12 @@ from typing import Any, Callable
 
 from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis, suspects
 from infragent.agent.search import SearchProposer
-from infragent.agent.steps import check_outputs, end_to_end, local_ab, quality_gate
+from infragent.agent.steps import aa_calibration, check_outputs, end_to_end, local_ab, quality_gate
 from infragent.lab.ledger import Ledger
-from infragent.lab.measure import open_run
+from infragent.lab.lifecycle import guarded_run, launched, open_run
+from infragent.lab.measure import default_knobs
 from infragent.lab.spec import QUALITY_METRICS, Spec, load_spec
-from infragent.lab.target import TargetError, TargetProcess, engine_config
+from infragent.lab.target import TargetDied, TargetError, TargetProcess, engine_config, require_own_ports
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback
 
@@ -60,12 +64,22 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, resume: int 
              log: Callable[[str], None] = print, seed: int = 0) -> Outcome:
     """Run (or resume) the loop with the search proposer; returns what it found."""
     spec = load_spec(spec_path)
+    require_own_ports(spec.target, "optimize runs the baseline and each candidate at the same time")
     run_id = _start(spec_path, ledger, resume, log)
+    with guarded_run(ledger, run_id, f"infragent optimize {spec_path} --ledger {ledger.path}", log):
+        outcome = _optimize(spec, run_id, ledger, budget, log, seed)
+        ledger.set_run(run_id, status="completed")
+    return outcome
+
+
+def _optimize(spec: Spec, run_id: int, ledger: Ledger, budget: Budget, log: Callable[[str], None],
+              seed: int) -> Outcome:
     done = {r["key"]: r for r in ledger.probe_results(run_id)}
     clock = _Clock(budget, sum(1 for k, r in done.items() if _counts(k, r)))
-    baseline_knobs = {name: knob.default for name, knob in spec.knobs.items() if knob.default is not None}
+    baseline_knobs = default_knobs(spec)
 
     def record(key: str, feedback: Feedback, experiment: int | None, started: float) -> dict:
+        key = fresh_key(done, key)  # a trial interrupted part-way is run again: its earlier probes stay as they are
         feedback.details["cost_s"] = round(time.monotonic() - started, 2)
         ledger.record_probe(run_id, key, feedback.to_dict(), experiment, [(e.path, e.description) for e in feedback.evidence])
         clock.probes += _counts(key, {"probe": feedback.probe})
@@ -78,9 +92,8 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, resume: int 
     proposer = SearchProposer(spec.knobs, suspects(hypotheses) or None, seed=seed)
     log(f"searching {', '.join(proposer.knobs)} (knobs acting on the suspects); fixed: {proposer.fixed or '-'}")
     outcome = Outcome(run_id, {"knobs": baseline_knobs}, None, hypotheses=hypotheses)
-    logs = ledger.path.parent / "logs"
-    with TargetProcess(spec.target, baseline_knobs, logs / f"run-{run_id}-baseline.log") as base:
-        ledger.set_run(run_id, target_pgid=base.pgid)
+    with launched(spec.target, baseline_knobs, ledger, run_id, "baseline") as base:
+        floor = _aa_floor(spec, base, baseline_knobs, done, record, base_exp, ledger, run_id)
         trial = 0
         while True:
             key = f"trial/{trial}"
@@ -88,15 +101,61 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, resume: int 
             if replay is None and out_of_budget(clock, outcome):
                 break
             number, knobs = proposer.propose() if replay is None else _enqueue(proposer, replay["knobs"])
-            result = replay or _trial(spec, key, knobs, base.base_url, ledger, run_id, record, clock, trial, log)
+            result = replay or _trial(spec, key, knobs, base, floor, ledger, run_id, record, clock, trial, log)
             outcome.trials.append(result)
             tell(proposer, number, result)
             trial += 1
-        ledger.set_run(run_id, target_pgid=None)
     outcome.best, limits = _best(outcome.trials)
     outcome.limits += limits
-    ledger.set_run(run_id, status="completed")
     return outcome
+
+
+def _aa_floor(spec: Spec, base: TargetProcess, knobs: dict, done: dict, record: Callable, experiment: int,
+              ledger: Ledger, run_id: int) -> float:
+    """The A/A floor for local wins: measured once per run between the baseline and a second launch of it
+    (kept in the ledger, so a resumed run reuses it)."""
+    key = "calibration/aa"
+    if key not in done:
+        started = time.monotonic()
+        with launched(spec.target, knobs, ledger, run_id, "baseline-twin") as twin:
+            feedback = _probe(lambda: aa_calibration(spec.scenarios[0], base.base_url, twin.base_url, seed=7),
+                              base, twin)
+        record(key, feedback, experiment, started)
+    return float(done[key]["feedback"]["numbers"]["aa_floor"]["value"])
+
+
+def _probe(run: Callable[[], Feedback], base: TargetProcess, cand: TargetProcess) -> Any:
+    """Run a probe against live targets; a probe that errs because a target died says so, and a target found
+    dead afterwards voids the probe (nothing a dead target served is a measurement)."""
+    try:
+        result = run()
+    except Exception:
+        _alive(base, cand)
+        raise
+    _alive(base, cand)
+    return result
+
+
+def _alive(base: TargetProcess, cand: TargetProcess) -> None:
+    """Raise TargetDied for the candidate, or RunError when the baseline itself died (the run cannot go on)."""
+    try:
+        base.check_alive()
+    except TargetDied as err:
+        raise RunError(f"the baseline target died, so no comparison can be trusted: {err}") from None
+    cand.check_alive()
+
+
+class RunError(RuntimeError):
+    """The run cannot continue (the baseline died); resume it once the cause is fixed."""
+
+
+def fresh_key(done: dict, key: str) -> str:
+    """key, or key@2, key@3... when an earlier (interrupted) attempt already recorded it."""
+    attempt, fresh = 1, key
+    while fresh in done:
+        attempt += 1
+        fresh = f"{key}@{attempt}"
+    return fresh
 
 
 def out_of_budget(clock: _Clock, outcome: Outcome) -> bool:
@@ -172,12 +231,11 @@ def trace_engine(spec: Spec, knobs: dict) -> Feedback:
     return analyze(path)
 
 
-def _trial(spec: Spec, key: str, knobs: dict, base_url: str, ledger: Ledger, run_id: int, record: Callable,
-           clock: _Clock, number: int, log: Callable[[str], None]) -> dict:
+def _trial(spec: Spec, key: str, knobs: dict, base: TargetProcess, floor: float, ledger: Ledger, run_id: int,
+           record: Callable, clock: _Clock, number: int, log: Callable[[str], None]) -> dict:
     """One proposal through the gates; returns its status, knobs, objective and feasibility."""
     log(f"{key}: {knobs}")
     experiment = ledger.experiment(run_id, key, knobs)
-    logs = ledger.path.parent / "logs"
     result: dict[str, Any] = {"trial": number, "knobs": knobs, "status": "rejected", "objective": None,
                               "feasible": False}
     gated = any(c.metric in QUALITY_METRICS for c in spec.criteria)
@@ -188,34 +246,38 @@ def _trial(spec: Spec, key: str, knobs: dict, base_url: str, ledger: Ledger, run
         quality_judgements = gate["feedback"]["details"].get("judgements", [])
         if gate["verdict"] != "pass":
             return _store(record, key, result | {"judgements": quality_judgements}, experiment,
-                          "did not pass the quality gates")
+                          f"quality gate: {gate['verdict']}")
+    base_url = base.base_url
     try:
-        with TargetProcess(spec.target, knobs, logs / f"run-{run_id}-{key.replace('/', '-')}.log") as cand:
-            ledger.set_run(run_id, candidate_pgid=cand.pgid)  # a kill -9 of the loop leaves it; resume stops it
+        with launched(spec.target, knobs, ledger, run_id, key) as cand:
             started = time.monotonic()
-            if not gated and record(f"{key}/check", check_outputs(base_url, cand.base_url), experiment,
-                                    started)["verdict"] != "pass":
-                return _store(record, key, result, experiment, "failed the correctness check")
+            if not gated and record(f"{key}/check", _probe(lambda: check_outputs(base_url, cand.base_url), base, cand),
+                                    experiment, started)["verdict"] != "pass":
+                return _store(record, key, result, experiment, "check: greedy outputs differ from the baseline's")
             started = time.monotonic()
-            local = record(f"{key}/local_ab", local_ab(spec.scenarios[0], base_url, cand.base_url, seed=100 + number),
+            local = record(f"{key}/local_ab", _probe(lambda: local_ab(spec.scenarios[0], base_url, cand.base_url,
+                                                                      seed=100 + number, floor=floor), base, cand),
                            experiment, started)
             if local["verdict"] != "pass":
-                return _store(record, key, result, experiment, "no real local win: not worth an end-to-end run")
+                what = "a real local loss" if local["verdict"] == "fail" else "no win beyond the A/A floor"
+                return _store(record, key, result, experiment, f"local A/B: {what}; not worth an end-to-end run")
             if not clock.left():
-                return _store(record, key, result, experiment, "local win, but no budget left for end-to-end")
+                return _store(record, key, result, experiment, "local A/B: a win, but no budget left for end-to-end")
             started = time.monotonic()
-            e2e, score, raw = end_to_end(spec, base_url, cand.base_url, repeats_offset=1000 * (number + 1))
+            e2e, score, raw = end_to_end(spec, base_url, cand.base_url, repeats_offset=1000 * (number + 1),
+                                         more=lambda: clock.minutes() < clock.budget.minutes,
+                                         alive=lambda: _alive(base, cand))
             record(f"{key}/e2e", e2e, experiment, started)
             for name, fb in raw.items():
-                ledger.record_probe(run_id, f"{key}/{name}", fb.to_dict(), experiment,
-                                    [(e.path, e.description) for e in fb.evidence])
+                record(f"{key}/{name}", fb, experiment, started)
             result.update(status="measured", objective=score["objective"], feasible=score["feasible"],
                           finding=e2e.finding, judgements=quality_judgements + e2e.details["judgements"])
-            return _store(record, key, result, experiment, "measured end to end")
+            return _store(record, key, result, experiment, f"end to end: criteria {e2e.verdict}")
+    except TargetDied as err:
+        return _store(record, key, result | {"status": "target died"}, experiment, str(err)[:400])
     except TargetError as err:
-        return _store(record, key, result, experiment, f"target did not start: {str(err)[:300]}")
-    finally:
-        ledger.set_run(run_id, candidate_pgid=None)
+        return _store(record, key, result | {"status": "not started"}, experiment,
+                      f"target did not start: {str(err)[:300]}")
 
 
 def _store(record: Callable, key: str, result: dict, experiment: int, why: str) -> dict:

@@ -4,11 +4,14 @@ end-to-end measurement with every criterion judged. Each returns a Feedback the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict
+from typing import Callable
 
 import httpx
 import numpy as np
 
+from infragent.analysis.blocks import aa_floor, block_estimate, block_log_ratios, block_verdict, could_still_win
 from infragent.analysis.serving_metrics import serving_metrics
 from infragent.analysis.stats import bootstrap_median
 from infragent.lab.criteria import Judgement, Run, judge, judge_interval
@@ -78,52 +81,105 @@ def objective(run: Run) -> float:
     return m.goodput if m.goodput is not None else m.output_throughput
 
 
-def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int, prompts: int = 6) -> Feedback:
-    """A short interleaved run: objective of each side and the paired per-request E2E latency ratio.
-
-    The local win is real when the candidate's objective is not lower and the 95% CI of the median paired
-    latency ratio lies below 1 (or the objective is higher by at least one request's worth).
-    """
-    small = scenario.model_copy(update={"num_prompts": min(prompts, scenario.num_prompts), "repeats": 1})
-    runs = interleaved_repeat(small, {"baseline": baseline_url, "candidate": candidate_url}, seed)
-    base, cand = runs["baseline"], runs["candidate"]
-    twins = {r.index: r for r in base.records if r.success and not r.warmup}
-    ratios = [r.latency_s / twins[r.index].latency_s for r in cand.records
-              if r.success and not r.warmup and r.index in twins and twins[r.index].latency_s > 0]
-    ratio = bootstrap_median(ratios, seed=seed) if ratios else None
-    obj_b, obj_c = objective(base), objective(cand)
-    faster = ratio is not None and ratio.hi < 1.0
-    win = obj_c >= obj_b and (faster or obj_c > obj_b + 1.0 / max(base.duration_s, 1e-9))
-    numbers = {"objective_baseline": Measure(obj_b), "objective_candidate": Measure(obj_c)}
-    if ratio is not None:
-        numbers["e2el_ratio"] = Measure(ratio.median, "x", ratio.lo, ratio.hi, len(ratios))
-    finding = (f"objective {obj_c:.3g} vs {obj_b:.3g} (baseline); E2E latency x"
-               f"{ratio.fmt(3) if ratio else 'n/a'} over {len(ratios)} paired requests: "
-               + ("a real local win" if win else "no real local win"))
-    return Feedback("local_ab", "pass" if win else "fail", finding, numbers=numbers,
-                    details={"prompts": small.num_prompts})
+LOCAL_BLOCKS = 6  # blocks per look; a second look adds as many when the first cannot decide
+LOCAL_CONFIDENCE = 0.975  # per look, two looks at most: a false win stays under 2.5% (Bonferroni)
 
 
-def end_to_end(spec: Spec, baseline_url: str, candidate_url: str,
-               repeats_offset: int = 0) -> tuple[Feedback, dict, dict[str, Feedback]]:
+def local_block(scenario: Scenario) -> int:
+    """Requests per local A/B block: one per concurrency slot (2 when the scenario sets no limit)."""
+    return scenario.max_concurrency or 2
+
+
+def block_ratios(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int,
+                 blocks: int) -> tuple[list[float], dict[str, Run]]:
+    """blocks interleaved blocks of the scenario's requests (fresh prompts from seed): per-block log latency
+    ratios candidate/baseline, and both sides' runs."""
+    size = local_block(scenario)
+    small = scenario.model_copy(update={"num_prompts": blocks * size, "repeats": 1})
+    runs = interleaved_repeat(small, {"baseline": baseline_url, "candidate": candidate_url}, seed, block=size)
+    return block_log_ratios(runs["baseline"].records, runs["candidate"].records, size), runs
+
+
+def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int, floor: float,
+             blocks: int = LOCAL_BLOCKS) -> Feedback:
+    """A short A/B, block by block, judged over blocks (analysis/blocks.py): pass = a win (the interval of
+    the latency ratio lies below 1 and the effect exceeds the A/A floor), fail = a loss the same way round,
+    inconclusive otherwise. When the first look cannot decide but could still show a win, a second look
+    with as many fresh blocks is pooled with it."""
+    ratios, runs = block_ratios(scenario, baseline_url, candidate_url, seed, blocks)
+    estimate = block_estimate(ratios, LOCAL_CONFIDENCE)
+    looks = 1
+    if block_verdict(estimate, floor) == "inconclusive" and could_still_win(estimate, floor):
+        more, more_runs = block_ratios(scenario, baseline_url, candidate_url, seed + 500_000, blocks)
+        ratios, looks = ratios + more, 2
+        estimate = block_estimate(ratios, LOCAL_CONFIDENCE)
+        runs = {side: Run(runs[side].records + more_runs[side].records, runs[side].duration_s
+                          + more_runs[side].duration_s, runs[side].slos_ms) for side in runs}
+    outcome = block_verdict(estimate, floor)
+    obj_b, obj_c = objective(runs["baseline"]), objective(runs["candidate"])
+    if outcome == "win" and obj_c < obj_b:  # faster requests but less of what the search maximizes
+        outcome = "inconclusive"
+    numbers = {"e2el_ratio": Measure(estimate.ratio, "x", estimate.lo, estimate.hi, estimate.blocks),
+               "aa_floor": Measure(floor, "log"), "objective_baseline": Measure(obj_b),
+               "objective_candidate": Measure(obj_c)}
+    change = f"{abs(estimate.ratio - 1):.1%} {'faster' if estimate.ratio < 1 else 'slower'}"
+    finding = (f"E2E latency x{estimate.ratio:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}] candidate/baseline "
+               f"({change}) over {estimate.blocks} blocks of {local_block(scenario)} requests, "
+               f"{LOCAL_CONFIDENCE:.1%} CI; A/A floor: a win needs x<{math.exp(-floor):.3f}, a loss "
+               f"x>{math.exp(floor):.3f}; objective {obj_c:.3g} vs {obj_b:.3g}: "
+               + {"win": "a real local win", "loss": "a real local loss",
+                  "inconclusive": "inconclusive (no effect beyond the A/A floor that the blocks can show)"}[outcome])
+    verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
+    return Feedback("local_ab", verdict, finding, numbers=numbers,
+                    details={"outcome": outcome, "log_ratios": ratios, "looks": looks,
+                             "block": local_block(scenario), "confidence": LOCAL_CONFIDENCE})
+
+
+def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: int,
+                   blocks: int = 2 * LOCAL_BLOCKS) -> Feedback:
+    """The A/A floor on this machine: the local A/B between two launches of the baseline; the floor is the
+    relative difference it shows (analysis/blocks.aa_floor)."""
+    ratios, _ = block_ratios(scenario, baseline_url, twin_url, seed, blocks)
+    estimate = block_estimate(ratios, LOCAL_CONFIDENCE)
+    floor = aa_floor(estimate)
+    finding = (f"A/A: two launches of the baseline differ by x{estimate.ratio:.3f} [{estimate.lo:.3f}, "
+               f"{estimate.hi:.3f}] over {estimate.blocks} blocks; a local win needs x<{math.exp(-floor):.3f} "
+               f"(a loss x>{math.exp(floor):.3f})")
+    return Feedback("calibration", "pass" if math.isfinite(floor) else "inconclusive", finding,
+                    numbers={"aa_floor": Measure(floor, "log"),
+                             "aa_ratio": Measure(estimate.ratio, "x", estimate.lo, estimate.hi, estimate.blocks)},
+                    details={"log_ratios": ratios, "confidence": LOCAL_CONFIDENCE})
+
+
+def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset: int = 0,
+               more: Callable[[], bool] = lambda: False,
+               alive: Callable[[], None] = lambda: None) -> tuple[Feedback, dict, dict[str, Feedback]]:
     """Every scenario's repeats, interleaved with the baseline; every criterion judged per phase and bucket.
+    While a criterion is inconclusive and none fails, one more repeat of every scenario is run as long as
+    more() allows (the budget), up to twice the scenario's repeats. alive() raises when a target died.
 
     Returns the verdict, the objective for the proposer, and per scenario and side a loadgen-shaped
     Feedback whose evidence holds the raw records (what the report draws)."""
-    runs: dict[str, dict[str, list[Run]]] = {}
-    for scenario in spec.scenarios:
-        sides: dict[str, list[Run]] = {"baseline": [], "candidate": []}
-        for repeat in range(scenario.repeats):
+    runs: dict[str, dict[str, list[Run]]] = {s.name: {"baseline": [], "candidate": []} for s in spec.scenarios}
+
+    def repeat_all(repeat: int, extra: bool = False) -> None:
+        for scenario in (s for s in spec.scenarios if extra or repeat < s.repeats):
             pair = interleaved_repeat(scenario, {"baseline": baseline_url, "candidate": candidate_url},
                                       repeats_offset + repeat)
+            alive()
             for side, run in pair.items():
-                sides[side].append(run)
-        runs[scenario.name] = sides
-    judgements: list[Judgement] = []
-    for criterion in spec.criteria:
-        scenario = next(s for s in spec.scenarios if s.name == criterion.scenario)
-        sides = runs[scenario.name]
-        judgements += judge(criterion, sides["candidate"], sides["baseline"], bounds=tuple(scenario.buckets))
+                runs[scenario.name][side].append(run)
+
+    repeats = max(s.repeats for s in spec.scenarios)
+    for repeat in range(repeats):
+        repeat_all(repeat)
+    judgements = _judge_all(spec, runs)
+    extra = 0
+    while (any(j.verdict == "inconclusive" for j in judgements) and not any(j.verdict == "fail" for j in judgements)
+           and extra < repeats and more()):
+        repeat_all(repeats + extra, extra=True)
+        extra += 1
+        judgements = _judge_all(spec, runs)
     first = spec.scenarios[0].name
     values = {side: [objective(r) for r in runs[first][side]] for side in ("baseline", "candidate")}
     b, c = bootstrap_median(values["baseline"]), bootstrap_median(values["candidate"])
@@ -132,7 +188,9 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str,
     verdict = "fail" if failed else "inconclusive" if unsure else "pass"
     finding = (f"objective {c.fmt(3)} vs baseline {b.fmt(3)} ({first}); "
                + (f"{len(failed)} criteria fail: {failed[0].message}" if failed else
-                  f"{len(unsure)} inconclusive" if unsure else f"all {len(judgements)} criteria pass"))
+                  f"{len(unsure)} inconclusive: {unsure[0].message}" if unsure else
+                  f"all {len(judgements)} criteria pass")
+               + (f" (after {extra} extra repeat{'s' if extra > 1 else ''} to decide)" if extra else ""))
     feedback = Feedback("end_to_end", verdict, finding,
                         numbers={"objective_baseline": Measure(b.median, "", b.lo, b.hi, len(values["baseline"])),
                                  "objective_candidate": Measure(c.median, "", c.lo, c.hi, len(values["candidate"]))},
@@ -140,6 +198,17 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str,
     raw = {f"{name}/{side}": _as_loadgen(scenario_of(spec, name), sides[side], side)
            for name, sides in runs.items() for side in sides}
     return feedback, {"objective": float(np.median(values["candidate"])), "feasible": not failed and not unsure}, raw
+
+
+def _judge_all(spec: Spec, runs: dict[str, dict[str, list[Run]]]) -> list[Judgement]:
+    judgements: list[Judgement] = []
+    for criterion in spec.criteria:
+        if criterion.metric in QUALITY_METRICS:
+            continue
+        scenario = scenario_of(spec, criterion.scenario)
+        sides = runs[scenario.name]
+        judgements += judge(criterion, sides["candidate"], sides["baseline"], bounds=tuple(scenario.buckets))
+    return judgements
 
 
 def scenario_of(spec: Spec, name: str) -> Scenario:

@@ -2,19 +2,21 @@
 result, and where the HTML report is."""
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
 from infragent.agent.kernel_loop import optimize_kernel
 from infragent.agent.loop import Budget, Outcome, optimize
+from infragent.lab.criteria import describe
 from infragent.lab.spec import load_spec
 from infragent.lab.ledger import Ledger
+from infragent.lab.lifecycle import interrupt_on_sigterm
 from infragent.lab.report import write_report
 
 
 def summary_lines(outcome: Outcome) -> list[str]:
-    """Baseline vs best, per criterion (phase, bucket) with CIs; the limits; the hypotheses tested."""
+    """Baseline vs best; per criterion (phase, bucket) its estimate, CI, limit and verdict; the limits; the
+    hypotheses tested."""
     lines = [f"run {outcome.run_id}: {len(outcome.trials)} proposals, "
              f"{sum(t['status'] == 'measured' for t in outcome.trials)} measured end to end"]
     lines.append(f"baseline knobs: {outcome.baseline['knobs']}")
@@ -24,26 +26,16 @@ def summary_lines(outcome: Outcome) -> list[str]:
     else:
         lines.append(f"best: trial {best['trial']} {best['knobs']} -> {best['finding']}")
         for j in best.get("judgements", []):
-            lo, hi = j["ci"]
+            if j["phase"] == "kernel" and not j.get("method"):
+                j = {**j, "method": "paired bench ratio" if "ratio" in j["metric"]
+                     else "worst over the check's trials and shards"}
             where = f"{j['metric']} [{j['phase']}, bucket {j['bucket']}]"
-            if j.get("regression") is not None:  # relative: the change against the baseline, with its CI
-                lines.append(f"  {j['verdict'].upper():4s} {where} {j['value']:.4g} vs baseline {j['baseline']:.4g}: "
-                             f"{j['regression']:+.1%} [{lo:+.1%}, {hi:+.1%}] (worse > 0)")
-            elif j["phase"] == "kernel":
-                lines.append(f"  {j['verdict'].upper():4s} {j['message']}" + (" (paired bench ratio, 95% CI)"
-                             if "ratio" in j["metric"] else " (worst over the check's trials and shards)"))
-            else:
-                lines.append(f"  {j['verdict'].upper():4s} {where} {j['value']:.4g} [{lo:.4g}, {hi:.4g}] "
-                             "(median across repeats, 95% CI)")
+            lines.append(f"  {j['verdict'].upper():4s} {where} {describe(j)}")
     for limit in outcome.limits:
         lines.append(f"limited by: {limit}")
     for h in outcome.hypotheses[:5]:
         lines.append(f"hypothesis: {h.claim} (probe {h.probe}; {h.predicted})")
     return lines
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget, resume: int | None = None,
@@ -52,14 +44,17 @@ def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget,
 
     proposer: None for the search proposer, or a code proposer (llm, command; kernel targets only)."""
     ledger = Ledger(ledger_path)
-    signal.signal(signal.SIGTERM, _interrupt)  # unwind like Ctrl-C, so every launched target is stopped
-    if load_spec(spec_path).target.kind == "kernel":
-        outcome = optimize_kernel(spec_path, ledger, budget, proposer, resume)
-    else:
-        if proposer is not None:
-            raise ValueError(f"--proposer {proposer.name}: code proposers need a kernel target (a patchable "
-                             "folder); serving targets are tuned by knobs with --proposer search")
-        outcome = optimize(spec_path, ledger, budget, resume)
+    interrupt_on_sigterm()
+    try:
+        if load_spec(spec_path).target.kind == "kernel":
+            outcome = optimize_kernel(spec_path, ledger, budget, proposer, resume)
+        else:
+            if proposer is not None:
+                raise ValueError(f"--proposer {proposer.name}: code proposers need a kernel target (a patchable "
+                                 "folder); serving targets are tuned by knobs with --proposer search")
+            outcome = optimize(spec_path, ledger, budget, resume)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None  # the run's note (what was stopped, how to resume) is already printed
     print()
     for line in summary_lines(outcome):
         print(line)

@@ -1,17 +1,24 @@
 """Judge acceptance criteria on loadgen records: per scenario, phase and prompt-length bucket, never averaged.
 
-Absolute criteria (max/min) use the metric of each repeat and a bootstrap CI across repeats: pass when the
-whole interval is on the right side, fail when it is wholly on the wrong side, otherwise inconclusive.
-Relative criteria (max_regression) compare candidate and baseline: the regression estimate is the ratio of
-the metric on the pooled records (with a bootstrap CI). The default test pairs each request with its twin
-in the baseline (loadgen's seeds give both the same prompts) and runs a one-sided Wilcoxon signed-rank
-test on the log ratios; "mann-whitney" compares the two samples unpaired, "bootstrap" compares repeats. A criterion fails only when the regression is
-both larger than allowed and significant at alpha (split across buckets): statistical and practical
-significance together.
+Every criterion is judged the same way: an estimate with a (1 − alpha) confidence interval, where alpha is
+the criterion's alpha split across the buckets it is judged in (Bonferroni), against the limit. It passes
+when the whole interval is on the allowed side of the limit, fails when the whole interval is past it, and
+is otherwise inconclusive (more samples would decide): a pass proves the claim at that confidence, so a
+true regression at or past the limit passes about alpha/2 of the time (a little more with under ~20 pairs,
+where percentile-bootstrap intervals of a median run narrow).
+
+Absolute criteria (max/min) use the metric of each repeat; the estimate is their median, with a bootstrap
+CI across repeats. Relative criteria (max_regression) estimate the regression (worse > 0) against the
+baseline. The default test pairs each request with its twin in the baseline (loadgen's seeds give both the
+same prompts): the estimate is the median per-request ratio, with a bootstrap CI over the pairs.
+"mann-whitney", tail metrics (p90, p99) and unmatched runs compare the two samples' statistics unpaired,
+"bootstrap" and run-level metrics compare repeats. The p-value of a one-sided rank test (Wilcoxon on the
+pairs, Mann–Whitney unpaired) is kept as information; it does not decide.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.stats import mannwhitneyu, wilcoxon
@@ -19,6 +26,10 @@ from scipy.stats import mannwhitneyu, wilcoxon
 from infragent.analysis.serving_metrics import RequestRecord, bucket_of, serving_metrics
 from infragent.analysis.stats import bootstrap_median
 from infragent.lab.spec import Criterion
+
+RESAMPLES = 2000
+WHY = {"pass": "the whole CI is within the limit", "fail": "the whole CI is past the limit",
+       "inconclusive": "the CI reaches past the limit; more samples would decide"}
 
 
 @dataclass
@@ -32,7 +43,7 @@ class Run:
 
 @dataclass
 class Judgement:
-    """A criterion judged for one bucket."""
+    """A criterion judged for one bucket: estimate, CI, limit and verdict."""
 
     scenario: str
     metric: str
@@ -40,11 +51,15 @@ class Judgement:
     bucket: str
     verdict: str  # pass | fail | inconclusive
     value: float  # candidate's metric (median across repeats, or on pooled records)
-    ci: tuple[float, float]
+    ci: tuple[float, float]  # of the regression for relative criteria, of value for absolute ones
     baseline: float | None = None
     regression: float | None = None  # fraction worse than the baseline (negative: better)
-    p_value: float | None = None
+    p_value: float | None = None  # one-sided rank test that the candidate is worse; information only
     message: str = ""
+    limit: float | None = None  # max, min or max_regression of the criterion
+    rule: str = ""  # max | min | max_regression
+    method: str = ""  # what the estimate is, e.g. "paired median ratio over 412 pairs"
+    confidence: float | None = None  # of ci
 
 
 _PER_REQUEST = {"ttft": lambda r: [r.ttft_s * 1e3], "tpot": lambda r: [r.tpot_s * 1e3] if r.output_tokens > 1 else [],
@@ -63,14 +78,13 @@ def request_values(records: list[RequestRecord], metric: str) -> list[float] | N
     return [v for r in records if r.success and not r.warmup for v in extract(r)]
 
 
+def _quantile(metric: str) -> float:
+    return 99.0 if "_p99_" in metric else 90.0 if "_p90_" in metric else 50.0
+
+
 def statistic(values: list[float], metric: str) -> float:
     """The metric's statistic over per-request values: median, p90, p99 or (rates) median."""
-    if not values:
-        return float("nan")
-    for stat, q in (("p99", 99), ("p90", 90)):
-        if f"_{stat}_" in metric:
-            return float(np.percentile(values, q))
-    return float(np.median(values))
+    return float(np.percentile(values, _quantile(metric))) if len(values) else float("nan")
 
 
 def run_value(run: Run, metric: str, records: list[RequestRecord]) -> float:
@@ -85,20 +99,65 @@ def run_value(run: Run, metric: str, records: list[RequestRecord]) -> float:
             "goodput": m.goodput or 0.0}[metric]
 
 
-def judge_interval(criterion: Criterion, value: float, lo: float, hi: float, phase: str) -> Judgement:
-    """An absolute criterion on one estimate with its CI: pass when the whole interval is on the allowed
-    side of the limit, fail when it is wholly on the other side, otherwise inconclusive."""
-    upper = criterion.max is not None
-    limit = criterion.max if upper else criterion.min
-    if (hi <= limit) if upper else (lo >= limit):
-        verdict = "pass"
-    elif (lo > limit) if upper else (hi < limit):
-        verdict = "fail"
+def verdict_of(lo: float, hi: float, limit: float, rule: str) -> str:
+    """pass when [lo, hi] is wholly on the allowed side of the limit, fail when wholly past it."""
+    if rule == "min":
+        return "pass" if lo >= limit else "fail" if hi < limit else "inconclusive"
+    return "pass" if hi <= limit else "fail" if lo > limit else "inconclusive"
+
+
+def limit_text(rule: str, limit: float) -> str:
+    """The limit as a reader sees it: '<= 500', '>= 0.4' or 'regression <= +5%'."""
+    return {"max": f"<= {limit:g}", "min": f">= {limit:g}"}.get(rule, f"regression <= {limit:+.0%}")
+
+
+def _unit(metric: str) -> str:
+    if metric.endswith("_ms"):
+        return " ms"
+    return " tok/s" if metric.endswith("tok_s") else " req/s" if metric in ("request_per_s", "goodput") else ""
+
+
+def _close(verdict: str, rule: str, limit: float, why: str = "") -> str:
+    return f"limit {limit_text(rule, limit)}: {verdict} ({why or WHY[verdict]})"
+
+
+def judge_interval(criterion: Criterion, value: float, lo: float, hi: float, phase: str,
+                   confidence: float = 0.95, method: str = "") -> Judgement:
+    """An absolute criterion on one estimate with its CI (lo == hi: an exact value, such as a worst case):
+    pass when the whole interval is on the allowed side of the limit, fail when it is wholly on the other
+    side, otherwise inconclusive."""
+    rule = "max" if criterion.max is not None else "min"
+    limit = criterion.max if rule == "max" else criterion.min
+    verdict = verdict_of(lo, hi, limit, rule)
+    exact = lo == hi
+    why = ("not measured" if np.isnan([lo, hi]).any() else
+           f"the value is {'within' if verdict == 'pass' else 'past'} the limit" if exact else "")
+    how = ", ".join(part for part in (method, "" if exact else f"{confidence:.1%} CI") if part)
+    message = (f"{criterion.metric} {value:.4g}" + ("" if exact else f" [{lo:.4g}, {hi:.4g}]")
+               + _unit(criterion.metric) + (f" ({how})" if how else "")
+               + f" in phase {phase}, bucket all; {_close(verdict, rule, limit, why)}")
+    return Judgement(criterion.scenario, criterion.metric, phase, "all", verdict, value, (lo, hi), message=message,
+                     limit=limit, rule=rule, method=method, confidence=None if exact else confidence)
+
+
+def describe(j: dict[str, Any]) -> str:
+    """One judgement (a Judgement's asdict) as 'estimate [lo, hi] (how it was estimated); limit: verdict'."""
+    lo, hi = j["ci"]
+    relative = j.get("rule") == "max_regression" or j.get("regression") is not None
+    how = [j.get("method") or "", f"{j['confidence']:.1%} CI" if j.get("confidence") else ""]
+    if j.get("regression") is not None:
+        estimate = f"regression {j['regression']:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+        paired = (j.get("method") or "").startswith("paired")
+        how.append(f"{'unpaired ' if paired else ''}candidate {j['value']:.4g} vs baseline {j['baseline']:.4g}")
+    elif relative:
+        estimate = "no estimate"
     else:
-        verdict = "inconclusive"
-    rule = f"<= {limit:g}" if upper else f">= {limit:g}"
-    message = f"{criterion.metric} {value:.4g} [{lo:.4g}, {hi:.4g}] {rule}: {verdict}"
-    return Judgement(criterion.scenario, criterion.metric, phase, "all", verdict, value, (lo, hi), message=message)
+        exact = lo == hi and not j.get("confidence")
+        estimate = f"{j['value']:.4g}" + ("" if exact else f" [{lo:.4g}, {hi:.4g}]")
+    how_text = "; ".join(part for part in how if part)
+    rule = j.get("rule") or ("max_regression" if relative else "")
+    limit = f"; limit {limit_text(rule, j['limit'])}" if j.get("limit") is not None else ""
+    return f"{estimate}" + (f" ({how_text})" if how_text else "") + f"{limit}: {j['verdict']}"
 
 
 def _in_bucket(records: list[RequestRecord], bucket: str, bounds: tuple[int, ...]) -> list[RequestRecord]:
@@ -116,8 +175,8 @@ def judge(criterion: Criterion, candidate: list[Run], baseline: list[Run] | None
           bounds: tuple[int, ...] = (128, 512, 2048, 8192), seed: int = 0) -> list[Judgement]:
     """Judge one criterion in each of its buckets.
 
-    With several buckets the criterion's alpha is split between them (Bonferroni), so that the chance of a
-    false failure anywhere stays at alpha: an A/A pair then passes at least 1 − alpha of the time.
+    With several buckets the criterion's alpha is split between them (Bonferroni) and each bucket's CI has
+    confidence 1 − alpha share, so that the chance of a wrong verdict anywhere stays at alpha.
     """
     buckets = buckets_for(criterion, candidate, bounds)
     share = criterion.model_copy(update={"alpha": criterion.alpha / len(buckets)})
@@ -127,66 +186,130 @@ def judge(criterion: Criterion, candidate: list[Run], baseline: list[Run] | None
 def _judge_bucket(c: Criterion, candidate: list[Run], baseline: list[Run] | None, bucket: str,
                   bounds: tuple[int, ...], seed: int) -> Judgement:
     where = dict(scenario=c.scenario, metric=c.metric, phase=c.phase, bucket=bucket)
-    per_run = [run_value(run, c.metric, _in_bucket(run.records, bucket, bounds)) for run in candidate]
-    summary = bootstrap_median(per_run, seed=seed)
     if c.max_regression is None:
-        return _absolute(c, per_run, summary, where)
+        per_run = [run_value(run, c.metric, _in_bucket(run.records, bucket, bounds)) for run in candidate]
+        return _absolute(c, per_run, seed, where)
     if not baseline:
-        return Judgement(**where, verdict="inconclusive", value=summary.median, ci=(summary.lo, summary.hi),
-                         message="a relative criterion needs baseline runs")
+        return Judgement(**where, verdict="inconclusive", value=float("nan"), ci=(float("nan"),) * 2,
+                         limit=c.max_regression, rule="max_regression",
+                         message=f"{c.metric}: a relative criterion needs baseline runs; "
+                                 + _close("inconclusive", "max_regression", c.max_regression, "nothing to compare"))
     return _relative(c, candidate, baseline, bucket, bounds, seed, where)
 
 
-def _absolute(c: Criterion, per_run: list[float], summary, where: dict) -> Judgement:  # noqa: ANN001
-    ci = (summary.lo, summary.hi)
+def _place(where: dict) -> str:
+    return f"in phase {where['phase']}, bucket {where['bucket']}"
+
+
+def _absolute(c: Criterion, per_run: list[float], seed: int, where: dict) -> Judgement:
+    confidence = 1 - c.alpha
+    summary = bootstrap_median(per_run, confidence=confidence, resamples=RESAMPLES, seed=seed)
+    rule = "max" if c.max is not None else "min"
+    limit = c.max if rule == "max" else c.min
+    method = f"median across {len(per_run)} repeats"
     if len(per_run) < 2:
         verdict, why = "inconclusive", "one repeat is not evidence: run at least 2"
-    elif c.max is not None:
-        verdict = "pass" if summary.hi <= c.max else "fail" if summary.lo > c.max else "inconclusive"
-        why = f"{c.metric} {summary.median:.4g} [{ci[0]:.4g}, {ci[1]:.4g}] vs max {c.max:g}"
     else:
-        verdict = "pass" if summary.lo >= c.min else "fail" if summary.hi < c.min else "inconclusive"
-        why = f"{c.metric} {summary.median:.4g} [{ci[0]:.4g}, {ci[1]:.4g}] vs min {c.min:g}"
-    return Judgement(**where, verdict=verdict, value=summary.median, ci=ci,
-                     message=f"{why} in phase {where['phase']}, bucket {where['bucket']}")
+        verdict, why = verdict_of(summary.lo, summary.hi, limit, rule), ""
+    message = (f"{c.metric} {summary.median:.4g} [{summary.lo:.4g}, {summary.hi:.4g}]{_unit(c.metric)} "
+               f"({method}, {confidence:.1%} CI) {_place(where)}; {_close(verdict, rule, limit, why)}")
+    return Judgement(**where, verdict=verdict, value=summary.median, ci=(summary.lo, summary.hi), message=message,
+                     limit=limit, rule=rule, method=method, confidence=confidence)
+
+
+@dataclass
+class _Estimate:
+    """A regression (worse > 0) with its CI, the p-value, and what it was computed on."""
+
+    regression: float
+    lo: float
+    hi: float
+    p_value: float
+    method: str  # e.g. "paired median ratio over 412 pairs"
+    stat: str  # the statistic of the candidate and baseline values printed beside it: median, p90, p99
 
 
 def _relative(c: Criterion, candidate: list[Run], baseline: list[Run], bucket: str, bounds: tuple[int, ...],
               seed: int, where: dict) -> Judgement:
-    cand_records = [r for run in candidate for r in _in_bucket(run.records, bucket, bounds)]
-    base_records = [r for run in baseline for r in _in_bucket(run.records, bucket, bounds)]
-    cand_values, base_values = request_values(cand_records, c.metric), request_values(base_records, c.metric)
-    if cand_values is None or c.test == "bootstrap":  # run-level metric, or asked for: compare repeats
+    cand_values = request_values([r for run in candidate for r in _in_bucket(run.records, bucket, bounds)], c.metric)
+    base_values = request_values([r for run in baseline for r in _in_bucket(run.records, bucket, bounds)], c.metric)
+    by_repeat = cand_values is None or c.test == "bootstrap"  # run-level metric, or asked for: compare repeats
+    if by_repeat:
         cand_values = [run_value(r, c.metric, _in_bucket(r.records, bucket, bounds)) for r in candidate]
         base_values = [run_value(r, c.metric, _in_bucket(r.records, bucket, bounds)) for r in baseline]
-        stat = np.median
-    else:
-        stat = lambda v: statistic(list(v), c.metric)  # noqa: E731
+    q = 50.0 if by_repeat else _quantile(c.metric)
     if len(cand_values) < 2 or len(base_values) < 2:
         return Judgement(**where, verdict="inconclusive", value=float("nan"), ci=(float("nan"),) * 2,
-                         message=f"too few samples in bucket {bucket} to compare")
-    worse = (lambda cand, base: base / cand - 1) if c.higher_is_better else (lambda cand, base: cand / base - 1)
-    cand_stat, base_stat = float(stat(cand_values)), float(stat(base_values))
+                         limit=c.max_regression, rule="max_regression",
+                         message=f"{c.metric}: too few samples {_place(where)} to compare; "
+                                 + _close("inconclusive", "max_regression", c.max_regression, "no samples to judge"))
+    cand_stat, base_stat = float(np.percentile(cand_values, q)), float(np.percentile(base_values, q))
     pairs = _paired(c.metric, candidate, baseline, bucket, bounds) if c.test == "paired" else []
-    if len(pairs) >= 10 and not any(s in c.metric for s in ("_p90_", "_p99_")):
-        # Same seeds give the same prompts: each request against its twin. The estimate is the median
-        # log ratio (worse > 0), which cancels the spread of prompt lengths that unpaired medians carry.
-        cand_p, base_p = np.asarray(pairs).T
-        worse_log = np.log(base_p / cand_p) if c.higher_is_better else np.log(cand_p / base_p)
-        p = float(wilcoxon(worse_log, alternative="greater").pvalue)
-        estimate = float(np.expm1(np.median(worse_log)))
-        lo, hi = _bootstrap_regression(worse_log, None, lambda v: np.expm1(np.median(v)), None, seed)
-    else:  # tails (p90/p99) and unmatched runs: compare the two samples as they are
-        estimate = worse(cand_stat, base_stat)
-        lo, hi = _bootstrap_regression(np.asarray(cand_values), np.asarray(base_values), stat, worse, seed)
-        alternative = "less" if c.higher_is_better else "greater"  # the candidate being worse
-        p = float(mannwhitneyu(cand_values, base_values, alternative=alternative).pvalue)
-    failed = estimate > c.max_regression and p < c.alpha
-    verdict = "fail" if failed else "pass"
-    message = (f"{c.metric} {'regressed' if estimate > 0 else 'improved'} {abs(estimate):.1%} [{lo:+.1%}, {hi:+.1%}] "
-               f"vs baseline in phase {where['phase']}, bucket {bucket} (p={p:.3g}, allowed {c.max_regression:.0%})")
-    return Judgement(**where, verdict=verdict, value=cand_stat, ci=(lo, hi), baseline=base_stat,
-                     regression=estimate, p_value=p, message=message)
+    rng = np.random.default_rng(seed)
+    if len(pairs) >= 10 and q == 50.0:
+        est = _paired_estimate(np.asarray(pairs), c.higher_is_better, c.alpha, rng)
+    else:  # tails (p90/p99), repeats and unmatched runs: compare the two samples as they are
+        est = _unpaired_estimate(np.asarray(cand_values), np.asarray(base_values), q, c.higher_is_better, c.alpha,
+                                 rng, "repeats" if by_repeat else "requests")
+    verdict = verdict_of(est.lo, est.hi, c.max_regression, "max_regression")
+    return Judgement(**where, verdict=verdict, value=cand_stat, ci=(est.lo, est.hi), baseline=base_stat,
+                     regression=est.regression, p_value=est.p_value,
+                     message=_relative_message(c, est, cand_stat, base_stat, verdict, where),
+                     limit=c.max_regression, rule="max_regression", method=est.method, confidence=1 - c.alpha)
+
+
+def _relative_message(c: Criterion, est: _Estimate, cand_stat: float, base_stat: float, verdict: str,
+                      where: dict) -> str:
+    """The direction word comes from the sign of the estimate printed beside it; the medians printed beside
+    a paired estimate are named unpaired, since the two can disagree in sign."""
+    direction = ("regressed" if est.regression > 0 else "improved" if est.regression < 0
+                 else "unchanged" if est.regression == 0 else "not comparable")
+    why = "" if np.isfinite([est.lo, est.hi]).all() else "a statistic of zero leaves no finite ratio"
+    unpaired = "unpaired " if est.method.startswith("paired") else ""
+    return (f"{c.metric} {direction}: regression {est.regression:+.1%} [{est.lo:+.1%}, {est.hi:+.1%}] ({est.method}, "
+            f"{1 - c.alpha:.1%} CI, worse > 0; {unpaired}candidate {est.stat} {cand_stat:.4g} vs baseline "
+            f"{base_stat:.4g}{_unit(c.metric)}; p={est.p_value:.3g}) {_place(where)}; "
+            + _close(verdict, "max_regression", c.max_regression, why))
+
+
+def _paired_estimate(pairs: np.ndarray, higher_is_better: bool, alpha: float, rng: np.random.Generator) -> _Estimate:
+    """Median per-request ratio of twins (worse > 0): it cancels the spread of prompt lengths that unpaired
+    medians carry."""
+    cand, base = pairs.T
+    worse_log = np.log(base / cand) if higher_is_better else np.log(cand / base)
+    lo, hi = np.expm1(_interval(_bootstrap_percentile(worse_log, 50.0, rng), alpha))
+    p = float(wilcoxon(worse_log, alternative="greater").pvalue) if np.any(worse_log != 0) else 1.0
+    return _Estimate(float(np.expm1(np.median(worse_log))), lo, hi, p,
+                     f"paired median ratio over {worse_log.size} pairs", "median")
+
+
+def _unpaired_estimate(cand: np.ndarray, base: np.ndarray, q: float, higher_is_better: bool, alpha: float,
+                       rng: np.random.Generator, unit: str) -> _Estimate:
+    """Ratio of the two samples' statistics (worse > 0), each side resampled on its own."""
+    def worse(c: np.ndarray | float, b: np.ndarray | float) -> np.ndarray | float:
+        with np.errstate(divide="ignore", invalid="ignore"):  # a zero throughput: inf or nan, never a pass
+            return np.asarray(b) / c - 1 if higher_is_better else np.asarray(c) / b - 1
+
+    lo, hi = _interval(worse(_bootstrap_percentile(cand, q, rng), _bootstrap_percentile(base, q, rng)), alpha)
+    alternative = "less" if higher_is_better else "greater"  # the candidate being worse
+    p = float(mannwhitneyu(cand, base, alternative=alternative).pvalue)
+    name = {50.0: "median", 90.0: "p90", 99.0: "p99"}[q]
+    return _Estimate(float(worse(np.percentile(cand, q), np.percentile(base, q))), lo, hi, p,
+                     f"unpaired {name} of {cand.size} vs {base.size} {unit}", name)
+
+
+def _bootstrap_percentile(x: np.ndarray, q: float, rng: np.random.Generator) -> np.ndarray:
+    """The q-th percentile of each of RESAMPLES resamples of x, drawn in blocks to bound memory."""
+    rows = max(1, 2_000_000 // x.size)
+    blocks = [min(rows, RESAMPLES - start) for start in range(0, RESAMPLES, rows)]
+    return np.concatenate([np.percentile(x[rng.integers(0, x.size, (block, x.size), dtype=np.int32)], q, axis=1)
+                           for block in blocks])
+
+
+def _interval(estimates: np.ndarray, alpha: float) -> tuple[float, float]:
+    """The (1 − alpha) percentile interval of bootstrap estimates."""
+    lo, hi = np.percentile(estimates, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(lo), float(hi)
 
 
 def _paired(metric: str, candidate: list[Run], baseline: list[Run], bucket: str,
@@ -206,16 +329,3 @@ def _paired(metric: str, candidate: list[Run], baseline: list[Run], bucket: str,
             if a and b and a[0] > 0 and b[0] > 0:
                 pairs.append((a[0], b[0]))
     return pairs
-
-
-def _bootstrap_regression(cand: np.ndarray, base: np.ndarray | None, stat, worse, seed: int,  # noqa: ANN001
-                          resamples: int = 1000) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the regression (one paired sample when base is None)."""
-    rng = np.random.default_rng(seed)
-    if base is None:
-        estimates = [float(stat(cand[rng.integers(0, cand.size, cand.size)])) for _ in range(resamples)]
-    else:
-        estimates = [worse(float(stat(cand[rng.integers(0, cand.size, cand.size)])),
-                           float(stat(base[rng.integers(0, base.size, base.size)]))) for _ in range(resamples)]
-    lo, hi = np.percentile(estimates, [2.5, 97.5])
-    return float(lo), float(hi)

@@ -29,6 +29,10 @@ CREATE TABLE IF NOT EXISTS probe_results (
     created REAL NOT NULL, UNIQUE (run_id, key));
 CREATE TABLE IF NOT EXISTS feedback (
     id INTEGER PRIMARY KEY, probe_result_id INTEGER NOT NULL REFERENCES probe_results(id), data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS launches (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), role TEXT NOT NULL, pgid INTEGER NOT NULL,
+    port INTEGER, argv TEXT NOT NULL, log_path TEXT, started REAL NOT NULL, stopped REAL, status TEXT NOT NULL,
+    note TEXT);
 CREATE TABLE IF NOT EXISTS artifacts (
     id INTEGER PRIMARY KEY, probe_result_id INTEGER REFERENCES probe_results(id), sha256 TEXT NOT NULL,
     path TEXT NOT NULL, description TEXT NOT NULL);
@@ -87,7 +91,7 @@ class Ledger:
         return dict(zip([c[0] for c in self.db.execute("SELECT * FROM runs LIMIT 0").description], row))
 
     def set_run(self, run_id: int, **fields: Any) -> None:
-        """Update status, target_pgid, candidate_pgid or note."""
+        """Update status, target_pgid, candidate_pgid or note (status: running, completed, interrupted, failed)."""
         names = ", ".join(f"{k} = ?" for k in fields)
         self._write(f"UPDATE runs SET {names}, updated = ? WHERE id = ?", (*fields.values(), time.time(), run_id))
 
@@ -126,6 +130,24 @@ class Ledger:
             shutil.copyfile(path, tmp)
             os.replace(tmp, target)  # atomic: a crash never leaves a half-written artifact under its hash
         return sha, str(target), description
+
+    def record_launch(self, run_id: int, role: str, pgid: int, port: int | None, argv: list[str],
+                      log_path: str | None, started: float) -> int:
+        """A launched process group, recorded before anything waits on it (so a resume can stop it)."""
+        return self._write("INSERT INTO launches (run_id, role, pgid, port, argv, log_path, started, status) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, 'launched')",
+                           (run_id, role, pgid, port, json.dumps(argv), log_path, started))
+
+    def set_launch(self, launch_id: int, **fields: Any) -> None:
+        """Update a launch's status, stopped time or note."""
+        names = ", ".join(f"{k} = ?" for k in fields)
+        self._write(f"UPDATE launches SET {names} WHERE id = ?", (*fields.values(), launch_id))
+
+    def launches(self, run_id: int) -> list[dict[str, Any]]:
+        """Every process group a run launched, oldest first."""
+        cursor = self.db.execute("SELECT * FROM launches WHERE run_id = ? ORDER BY id", (run_id,))
+        names = [c[0] for c in cursor.description]
+        return [dict(zip(names, row), argv=json.loads(row[names.index("argv")])) for row in cursor.fetchall()]
 
     def completed_keys(self, run_id: int) -> set[str]:
         """Keys of the probes a run has recorded."""

@@ -4,18 +4,16 @@ recorded probes are kept and skipped, and a target left behind by the crashed ru
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping
 
 from infragent.analysis.serving_metrics import RequestRecord
-from infragent.lab import environment
 from infragent.lab.criteria import Run, judge
 from infragent.lab.ledger import Ledger
+from infragent.lab.lifecycle import guarded_run, launched, open_run
 from infragent.lab.spec import Scenario, Spec, load_spec
-from infragent.lab.target import TargetProcess, stop_group
 from infragent.probes.load_pairs import run_interleaved_sync
 from infragent.probes.loadgen import LoadConfig, discover_model, run_loadgen
 
@@ -30,54 +28,44 @@ def loadgen_config(scenario: Scenario, base_url: str, repeat: int) -> LoadConfig
                       goodput_ms=dict(scenario.goodput_ms), repeats=1, seed=repeat, progress=False)
 
 
-def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat: int) -> dict[str, Run]:
-    """One repeat of a scenario against every target at once, twin requests back to back (probes/load_pairs)."""
+def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat: int,
+                       block: int | None = None) -> dict[str, Run]:
+    """One repeat of a scenario against every target at once, twin requests back to back (probes/load_pairs);
+    block: requests per interleaved block (default: one per concurrency slot)."""
     configs = {name: loadgen_config(scenario, url, repeat) for name, url in base_urls.items()}
     models = {name: discover_model(config) for name, config in configs.items()}
-    runs = run_interleaved_sync(configs, models, seed=repeat)
+    runs = run_interleaved_sync(configs, models, seed=repeat, block=block)
     return {name: Run(run.records, run.duration_s, dict(scenario.goodput_ms) or None) for name, run in runs.items()}
-
-
-def open_run(ledger: Ledger, kind: str, spec_path: str | Path, resume: int | None,
-             log: Callable[[str], None]) -> int:
-    """A new run in the ledger, or the interrupted one to resume: same spec (by hash) required, and the target
-    and candidate process groups the crashed run left behind are stopped first."""
-    spec_hash = hashlib.sha256(Path(spec_path).read_bytes()).hexdigest()
-    if resume is None:
-        return ledger.start_run(kind, str(spec_path), spec_hash, ledger.environment(environment.capture()))
-    row = ledger.run(resume)
-    if row["spec_hash"] != spec_hash:
-        raise ValueError(f"run {resume} was made from a different spec (hash {row['spec_hash'][:12]}); "
-                         "resume it with the same file")
-    for column in ("target_pgid", "candidate_pgid"):
-        if row.get(column) and stop_group(row[column], grace_s=5):
-            log(f"stopped the process group {row[column]} ({column}) left by the interrupted run")
-    ledger.set_run(resume, status="running")
-    return resume
 
 
 def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,
             log: Callable[[str], None] = print) -> int:
-    """Run (or resume) a baseline measurement of the spec's target; return the run id."""
+    """Run (or resume) a baseline measurement of the spec's target (its knobs at their defaults); return the
+    run id. A target that dies mid-run fails the run (nothing it served after dying is recorded)."""
     spec = load_spec(spec_path)
     run_id = open_run(ledger, "measure", spec_path, resume, log)
-    done = ledger.completed_keys(run_id)
-    experiment = ledger.experiment(run_id, "baseline", {})
-    todo = [(s, r) for s in spec.scenarios for r in range(s.repeats) if f"{s.name}/{r}" not in done]
-    log(f"run {run_id}: {len(done)} probes recorded, {len(todo)} to go")
-    if todo:
-        log_path = ledger.path.parent / "logs" / f"run-{run_id}-target.log"
-        with TargetProcess(spec.target, {}, log_path) as target:
-            ledger.set_run(run_id, target_pgid=target.pgid)
-            for scenario, repeat in todo:
-                feedback = run_loadgen(loadgen_config(scenario, target.base_url, repeat))
-                ledger.record_probe(run_id, f"{scenario.name}/{repeat}", feedback.to_dict(), experiment,
-                                    [(e.path, e.description) for e in feedback.evidence])
-                log(f"  {scenario.name}/{repeat}: {feedback.finding}")
-        ledger.set_run(run_id, target_pgid=None)
-    _judge_absolute(spec, ledger, run_id, log)
-    ledger.set_run(run_id, status="completed")
+    knobs = default_knobs(spec)
+    with guarded_run(ledger, run_id, f"infragent measure {spec_path} --ledger {ledger.path}", log):
+        done = ledger.completed_keys(run_id)
+        experiment = ledger.experiment(run_id, "baseline", knobs)
+        todo = [(s, r) for s in spec.scenarios for r in range(s.repeats) if f"{s.name}/{r}" not in done]
+        log(f"run {run_id}: {len(done)} probes recorded, {len(todo)} to go")
+        if todo:
+            with launched(spec.target, knobs, ledger, run_id, "target") as target:
+                for scenario, repeat in todo:
+                    feedback = run_loadgen(loadgen_config(scenario, target.base_url, repeat))
+                    target.check_alive()
+                    ledger.record_probe(run_id, f"{scenario.name}/{repeat}", feedback.to_dict(), experiment,
+                                        [(e.path, e.description) for e in feedback.evidence])
+                    log(f"  {scenario.name}/{repeat}: {feedback.finding}")
+        _judge_absolute(spec, ledger, run_id, log)
+        ledger.set_run(run_id, status="completed")
     return run_id
+
+
+def default_knobs(spec: Spec) -> dict:
+    """The knob values a baseline runs with: each knob's default (knobs without one are left to the target)."""
+    return {name: knob.default for name, knob in spec.knobs.items() if knob.default is not None}
 
 
 def _judge_absolute(spec: Spec, ledger: Ledger, run_id: int, log: Callable[[str], None]) -> None:

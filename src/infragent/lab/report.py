@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from infragent.analysis.serving_metrics import bucket_of
+from infragent.lab.criteria import limit_text
 from infragent.lab.ledger import Ledger
 from infragent.trace_model import Trace
 
@@ -95,6 +96,21 @@ def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return "n/a" if math.isnan(x) else f"{x:.4g}"
     return _e(x)
+
+
+def _criterion_row(j: dict[str, Any]) -> str:
+    """One judgement as a table row: estimate (a regression for relative criteria), CI, limit, verdict."""
+    lo, hi = j["ci"]
+    if j.get("regression") is not None:
+        estimate, ci = f"regression {j['regression']:+.1%}", f"[{lo:+.1%}, {hi:+.1%}]"
+    else:
+        estimate, ci = _fmt(j["value"]), f"[{_fmt(lo)}, {_fmt(hi)}]"
+    ci += f" ({j['confidence']:.1%})" if j.get("confidence") else ""
+    rule = j.get("rule") or ("max_regression" if j.get("regression") is not None else "")
+    limit = limit_text(rule, j["limit"]) if j.get("limit") is not None else "n/a"
+    cells = (j["scenario"], j["phase"], j["bucket"], j["metric"], estimate, ci, limit, j["verdict"].upper(),
+             j["message"])
+    return f'<tr class="verdict-{_e(j["verdict"])}">' + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
 
 
 def _cdf_svg(title: str, series: dict[str, list[float]], width: int = 460, height: int = 260) -> str:
@@ -189,11 +205,7 @@ def render_html(data: ReportData) -> str:
     """The whole page."""
     run = data.run
     env = data.environment or {}
-    crit_rows = "".join(
-        f'<tr class="verdict-{_e(j["verdict"])}"><td>{_e(j["scenario"])}</td><td>{_e(j["phase"])}</td>'
-        f'<td>{_e(j["bucket"])}</td><td>{_e(j["metric"])}</td><td>{_fmt(j["value"])}</td>'
-        f'<td>[{_fmt(j["ci"][0])}, {_fmt(j["ci"][1])}]</td><td>{_e(j["verdict"].upper())}</td>'
-        f'<td>{_e(j["message"])}</td></tr>' for j in data.criteria) or '<tr><td colspan="8">no criteria judged</td></tr>'
+    crit_rows = "".join(_criterion_row(j) for j in data.criteria) or '<tr><td colspan="9">no criteria judged</td></tr>'
     probe_rows = "".join(f'<tr><td>{_e(p["key"])}</td><td>{_e(p["probe"])}</td><td>{_e(p["verdict"].upper())}</td>'
                          f'<td>{_e(p["finding"])}</td></tr>' for p in data.probes)
     cdfs = "".join(_cdf_svg(metric, series) for metric, series in sorted(data.latencies.items()))
@@ -214,8 +226,8 @@ table {{ border-collapse: collapse; margin: 8px 0 20px; }} td, th {{ border: 1px
 <p class="muted">spec {_e(run.get('spec_path'))} · commit {_e(env.get('git_commit', 'n/a'))}{' (dirty)' if env.get('git_dirty') else ''}
  · {_e(env.get('cpu', ''))} · {_e(env.get('cores', ''))} cores · torch {_e(env.get('packages', {}).get('torch', 'n/a'))}</p>
 <h2 id="criteria">Criteria</h2>
-<table><tr><th>scenario</th><th>phase</th><th>bucket</th><th>metric</th><th>value</th><th>95% CI</th><th>verdict</th>
-<th>why</th></tr>{crit_rows}</table>
+<table><tr><th>scenario</th><th>phase</th><th>bucket</th><th>metric</th><th>estimate</th><th>CI</th><th>limit</th>
+<th>verdict</th><th>why</th></tr>{crit_rows}</table>
 <h2 id="latency">Latency CDFs</h2><div>{cdfs or '<p class="muted">no loadgen results</p>'}</div>
 <h2 id="throughput">Throughput against request rate</h2><div>{_throughput_svg(data.throughput)}</div>
 <h2 id="breakdown">Breakdown by scenario and prompt-length bucket (medians)</h2>{_bars_html(data.buckets)}

@@ -1,7 +1,9 @@
 """The spec: one TOML file with the target, the knobs, the scenarios and the acceptance criteria.
 
     [target]                      kind = "engine" (model = "llama") or kind = "command" with
-                                  command = "vllm serve M --max-num-seqs {max_num_seqs}", ready_url, base_url
+                                  command = "vllm serve M --port {port} --max-num-seqs {max_num_seqs}",
+                                  base_url = "http://127.0.0.1:{port}", ready_url = ".../health" ({port}: a free
+                                  port per launch), ready_timeout_s, hang_timeout_s
                                   or kind = "kernel" with candidate, reference, inputs = "FILE.py:function"
                                   (files next to the spec; knobs become keyword arguments of the candidate),
                                   optional partition, bench_inputs, workload, rtol
@@ -67,7 +69,8 @@ class Target(_Strict):
     command: Optional[str] = None
     ready_url: Optional[str] = None
     base_url: Optional[str] = None
-    ready_timeout_s: float = Field(300.0, gt=0)
+    ready_timeout_s: float = Field(300.0, gt=0)  # launch -> proven ready; longer means the target hung
+    hang_timeout_s: float = Field(60.0, gt=0)  # a ready target that answers nothing (not even health) this long hung
     serve_args: list[str] = Field(default_factory=list)  # extra `infragent serve` flags for an engine target
     # kernel targets: "FILE.py:function" next to the spec
     candidate: Optional[str] = None
@@ -215,10 +218,14 @@ class Spec(_Strict):
             for name in self.knobs:
                 if name not in known:
                     raise ValueError(f"knobs.{name}: unknown knob for the engine target; known: {', '.join(known)}")
-        if self.target.command:
-            for name in re.findall(r"{(\w+)}", self.target.command):
-                if name not in self.knobs:
-                    raise ValueError(f"target.command: placeholder {{{name}}} is not a declared knob")
+        for field in ("command", "base_url", "ready_url"):
+            for name in re.findall(r"{(\w+)}", getattr(self.target, field) or ""):
+                if name not in self.knobs and name != "port":
+                    raise ValueError(f"target.{field}: placeholder {{{name}}} is not a declared knob (nor {{port}})")
+        urls_port = any("{port}" in (u or "") for u in (self.target.base_url, self.target.ready_url))
+        if self.target.kind == "command" and urls_port and "{port}" not in (self.target.command or ""):
+            raise ValueError("target.command: base_url or ready_url uses {port} but the command never receives "
+                             "it; add --port {port} (or your server's port flag) to the command")
         return self
 
 
@@ -328,7 +335,13 @@ def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
                      "hypotheses -> per proposal (knobs or a patch in its own git worktree), in a subprocess with "
                      "a timeout and a memory limit: check -> bench vs baseline and reference -> criteria -> ledger")
         return lines
-    lines.append("steps: trace the baseline and attribute it -> hypotheses (suspect spans -> knobs) -> per proposal: "
-                 "launch -> check greedy outputs -> short interleaved A/B -> end-to-end only after a real local "
-                 "win -> judge every criterion per phase and bucket -> ledger")
+    first = ("trace the baseline and attribute it -> hypotheses (suspect spans -> knobs)" if target.kind == "engine"
+             else "no trace (a command target is a black box): every knob is a suspect")
+    lines.append(f"steps: {first} -> launch the baseline and a twin of it on their own ports: the A/A floor -> per "
+                 "proposal: launch on its own port (the listener proven to be its process group) -> check greedy "
+                 "outputs -> local A/B over blocks (a win beyond the A/A floor) -> end-to-end only after a local win, "
+                 "more repeats while a criterion is inconclusive -> judge every criterion per phase and bucket -> ledger")
+    if target.kind == "command" and "{port}" not in (target.command or ""):
+        lines.append("refused: [target] command has no {port}; optimize runs the baseline and each candidate at once, "
+                     "so each launch needs its own port (add --port {port}, and {port} in base_url and ready_url)")
     return lines

@@ -2,17 +2,21 @@
 capture its logs, and stop it by that process group only (never a broad kill)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 from infragent.lab.spec import Target
 
@@ -70,24 +74,50 @@ class TargetError(RuntimeError):
     """The target did not start or become ready; the message carries the tail of its log."""
 
 
-def _free_port() -> int:
+class TargetDied(TargetError):
+    """A launched target exited, lost its port or stopped answering: nothing it served counts as a measurement."""
+
+
+PORT_HINT = ("put --port {port} (or your server's port flag) in [target] command, and {port} in base_url and "
+             "ready_url: every launch then gets its own free port")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def launch_command(target: Target, knobs: dict[str, Any]) -> tuple[list[str], str, str]:
-    """(argv, base_url, ready_url) for a target with these knob values."""
+def has_port_placeholder(target: Target) -> bool:
+    """Whether every launch of this target gets its own port (engine targets always do)."""
+    return target.kind != "command" or "{port}" in (target.command or "")
+
+
+def require_own_ports(target: Target, why: str) -> None:
+    """Refuse a command target without {port} where two instances must run at once."""
+    if not has_port_placeholder(target):
+        raise TargetError(f"[target] command has no {{port}}, but {why}: two instances would share one port and "
+                          f"the second would measure the first. Fix: {PORT_HINT}")
+
+
+def launch_command(target: Target, knobs: dict[str, Any], port: int | None = None) -> tuple[list[str], str, str]:
+    """(argv, base_url, ready_url) for a target with these knob values, on `port` (a free one if None)."""
+    port = free_port() if port is None else port
     if target.kind == "command":
+        fields = {**knobs, "port": port}
         try:
-            command = target.command.format(**knobs)  # type: ignore[union-attr]
+            command = target.command.format(**fields)  # type: ignore[union-attr]
+            urls = [target.base_url.format(**fields), target.ready_url.format(**fields)]  # type: ignore[union-attr]
         except KeyError as err:
-            raise TargetError(f"target.command: no value for knob {err}") from None
-        return shlex.split(command), target.base_url, target.ready_url  # type: ignore[return-value]
+            raise TargetError(f"target.command: no value for knob {err}; give it a default in [knobs.{err.args[0]}] "
+                              "or a value on the command line") from None
+        except (IndexError, ValueError) as err:
+            raise TargetError(f"target.command: {err}; write literal braces as {{{{ and }}}}") from None
+        return shlex.split(command), urls[0].rstrip("/"), urls[1]
     unknown = [k for k in knobs if k not in SERVE_FLAGS]
     if unknown:
         raise TargetError(f"knobs {unknown}: not settable on the engine server; settable: {', '.join(SERVE_FLAGS)}")
-    port = _free_port()
     argv = [sys.executable, "-m", "infragent.cli", "serve", "--model", target.model, "--port", str(port),
             *target.serve_args]
     for name, value in knobs.items():
@@ -97,56 +127,138 @@ def launch_command(target: Target, knobs: dict[str, Any]) -> tuple[list[str], st
     return argv, url, f"{url}/health"
 
 
-class TargetProcess:
-    """A running target; use as a context manager."""
+def port_of(url: str) -> int:
+    """The TCP port a URL points at."""
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
-    def __init__(self, target: Target, knobs: dict[str, Any], log_path: str | Path) -> None:
+
+def listener_pid(port: int) -> int | None:
+    """The pid of the process listening on this TCP port (None when nobody visible to us listens)."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            return conn.pid
+    return None
+
+
+def group_of(pid: int) -> int | None:
+    """A process's group id, or None when it is gone."""
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+class TargetProcess:
+    """A running target in its own process group; use as a context manager.
+
+    Readiness is proven, not assumed: the readiness URL must answer 200 *and* the socket listening on its
+    port must belong to this launch's process group, so a server left on a fixed port cannot answer for it.
+    on_launch is called with the process right after it starts, before the readiness wait (the ledger
+    records the group then, so an interrupted run can stop it)."""
+
+    def __init__(self, target: Target, knobs: dict[str, Any], log_path: str | Path,
+                 on_launch: Callable[["TargetProcess"], None] | None = None) -> None:
         self.argv, self.base_url, self.ready_url = launch_command(target, knobs)
+        self.port = port_of(self.ready_url)
         self.timeout = target.ready_timeout_s
+        self.hang_timeout = target.hang_timeout_s
+        self.death: str | None = None  # what the watchdog saw: the target exited or stopped answering
+        self._stopping = threading.Event()
         self.log_path = Path(log_path)
+        self.on_launch = on_launch
         self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
 
     def start(self) -> "TargetProcess":
-        """Launch (new session = new process group) and wait for the readiness URL to answer 200."""
+        """Launch (new session = new process group) and wait until it is proven ready; stop it on any failure."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            except (FileNotFoundError, PermissionError) as err:
+                raise TargetError(f"cannot launch the target: {self.argv[0]!r}: {err.strerror}; install it or fix "
+                                  "[target] command in the spec") from None
+        self.started_at = time.time()
+        try:
+            if self.on_launch is not None:
+                self.on_launch(self)
+            self._wait_ready()
+        except BaseException:  # not ready, Ctrl-C or SIGTERM while waiting: never leave it running
+            self.stop()
+            raise
+        threading.Thread(target=self._watch, name=f"watchdog-{self.port}", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        """While ready: a target that exits, or answers nothing for hang_timeout_s, is noted and stopped, so a
+        probe blocked on it returns (and check_alive then voids what it measured)."""
+        last_answer = time.monotonic()
+        while not self._stopping.wait(1.0):
+            if self.proc.poll() is not None:  # type: ignore[union-attr]
+                self.death = f"target died: exited with status {self.proc.returncode}"  # type: ignore[union-attr]
+                return
+            try:
+                httpx.get(self.ready_url, timeout=min(5.0, self.hang_timeout))
+                last_answer = time.monotonic()
+            except httpx.HTTPError:
+                if time.monotonic() - last_answer > self.hang_timeout:
+                    self.death = (f"target hung: answered nothing at {self.ready_url} for {self.hang_timeout:.0f}s "
+                                  "(hang_timeout_s); stopped it")
+                    stop_group(self.proc.pid, 5.0, reap=self.proc.poll)  # type: ignore[union-attr]
+                    return
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise TargetError(f"target exited with status {self.proc.returncode} before it was ready: "
-                                  f"{self.log_tail()}")
+            if self.proc.poll() is not None:  # type: ignore[union-attr]
+                raise TargetError(f"target exited with status {self.proc.returncode} before it was ready "  # type: ignore[union-attr]
+                                  f"(port {self.port}): {self.log_tail()}")
             try:
-                if httpx.get(self.ready_url, timeout=2).status_code == 200:
-                    return self
+                answered = httpx.get(self.ready_url, timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
+                answered = False
+            if answered:
+                owner = listener_pid(self.port)
+                if owner is not None and group_of(owner) == self.pgid:
+                    return
+                raise TargetError(f"port {self.port} answered {self.ready_url}, but the listener is "
+                                  f"{'pid ' + str(owner) if owner else 'not a process of ours'}, not this launch's "
+                                  f"process group {self.pgid}: the target could not bind its port (another server "
+                                  f"holds it). Target log: {self.log_tail()}")
             time.sleep(0.2)
-        self.stop()
-        raise TargetError(f"target not ready at {self.ready_url} after {self.timeout:.0f}s: {self.log_tail()}")
+        raise TargetError(f"target hung: not ready at {self.ready_url} after {self.timeout:.0f}s "
+                          f"(ready_timeout_s): {self.log_tail()}")
 
     @property
     def pgid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None  # session leader: its pid is the group id
 
+    def check_alive(self) -> None:
+        """Raise TargetDied unless the process still runs and still owns its port."""
+        if self.proc is None:
+            raise TargetDied("target was never started")
+        if self.death and "hung" in self.death:
+            raise TargetDied(f"{self.death}: {self.log_tail()}")
+        if self.proc.poll() is not None:
+            raise TargetDied(f"target died: exited with status {self.proc.returncode} (port {self.port}): "
+                             f"{self.log_tail()}")
+        owner = listener_pid(self.port)
+        if owner is None or group_of(owner) != self.pgid:
+            raise TargetDied(f"target died: nothing of process group {self.pgid} listens on port {self.port} any more"
+                             f" ({'pid ' + str(owner) + ' does' if owner else 'nobody does'}): {self.log_tail()}")
+
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM the target's process group, then SIGKILL it if it has not exited in grace_s."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM the target's process group, then SIGKILL it if it has not exited in grace_s; signals that
+        arrive meanwhile are held until it is done, so an impatient Ctrl-C cannot leave an orphan."""
+        self._stopping.set()
+        if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        except ProcessLookupError:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # anything of the group still alive
-        except ProcessLookupError:
-            pass
-        self.proc.wait(5)
+        with held_signals():
+            stop_group(self.proc.pid, grace_s, reap=self.proc.poll)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
 
     def log_tail(self, lines: int = 5) -> str:
         """The last lines of the target's log, on one line."""
@@ -162,21 +274,53 @@ class TargetProcess:
         self.stop()
 
 
-def stop_group(pgid: int, grace_s: float = 15.0) -> bool:
-    """Stop one process group (SIGTERM, then SIGKILL); False if it was already gone."""
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM are held (delivered as KeyboardInterrupt at the end) while the block runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            raise KeyboardInterrupt(f"signal {caught[0]}")
+
+
+def stop_group(pgid: int, grace_s: float = 15.0, started_after: float | None = None,
+               reap: Callable[[], object] | None = None) -> bool:
+    """Stop one process group (SIGTERM, then SIGKILL); False if it was already gone.
+
+    started_after: only when a process of the group started after this time (so a recycled group id
+    from a long-dead launch is never signalled). reap: our own child's poll, so its zombie leaves the group."""
+    if started_after is not None and not _group_started_after(pgid, started_after):
+        return False
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return False
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
             return True
         time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)  # anything of the group still alive
     return True
+
+
+def _group_started_after(pgid: int, when: float) -> bool:
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid and proc.info["create_time"] >= when - 2.0:
+                return True
+    return False

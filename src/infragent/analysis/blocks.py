@@ -1,0 +1,100 @@
+"""The local A/B's statistics: one number per interleaved block, a CI over blocks, a verdict against the A/A floor.
+
+Requests inside one block share the server's state and the machine's phase, so they are not independent
+samples; a CI over requests is over-confident (two identical servers then "differ" by 10-20%). Each block
+is one sample here: the log of the candidate's mean latency over the baseline's on the same requests sent
+back to back. A t interval over blocks covers what really varies between blocks. A win needs that interval
+to exclude no change *and* the effect to exceed the A/A floor: the difference two identical launches of
+the baseline showed on this machine (at least 1%).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.stats import t as student_t
+
+from infragent.analysis.serving_metrics import RequestRecord
+
+MIN_FLOOR = 0.01  # never call an effect under 1% real, whatever an A/A happened to show
+
+
+@dataclass
+class BlockEstimate:
+    """The candidate/baseline latency ratio over blocks: geometric mean with a t interval."""
+
+    ratio: float
+    lo: float
+    hi: float
+    blocks: int
+    log_ratios: list[float]
+    confidence: float
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width in log space (a relative effect size)."""
+        return (math.log(self.hi) - math.log(self.lo)) / 2 if self.blocks > 1 else math.inf
+
+
+def block_log_ratios(baseline: Sequence[RequestRecord], candidate: Sequence[RequestRecord],
+                     block: int) -> list[float]:
+    """Per block (request index // block), log(mean candidate latency / mean baseline latency) over the
+    requests both sides completed; a block where either side failed a request is left out."""
+    def by_block(records: Sequence[RequestRecord]) -> dict[int, dict[int, float]]:
+        out: dict[int, dict[int, float]] = {}
+        for r in records:
+            if not r.warmup:
+                out.setdefault(r.index // block, {})[r.index] = r.latency_s if r.success else math.nan
+        return out
+
+    base, cand = by_block(baseline), by_block(candidate)
+    ratios = []
+    for number in sorted(base.keys() & cand.keys()):
+        b, c = base[number], cand[number]
+        if b.keys() != c.keys() or any(math.isnan(v) or v <= 0 for v in [*b.values(), *c.values()]):
+            continue
+        ratios.append(math.log(sum(c.values()) / sum(b.values())))
+    return ratios
+
+
+def block_estimate(log_ratios: Sequence[float], confidence: float = 0.95) -> BlockEstimate:
+    """Geometric-mean ratio over blocks with a two-sided t interval (blocks − 1 degrees of freedom)."""
+    data = np.asarray(log_ratios, dtype=float)
+    if data.size == 0:
+        return BlockEstimate(math.nan, math.nan, math.nan, 0, [], confidence)
+    mean = float(data.mean())
+    if data.size < 2:
+        return BlockEstimate(math.exp(mean), 0.0, math.inf, 1, data.tolist(), confidence)
+    half = float(student_t.ppf(0.5 + confidence / 2, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
+    return BlockEstimate(math.exp(mean), math.exp(mean - half), math.exp(mean + half), int(data.size),
+                         data.tolist(), confidence)
+
+
+def aa_floor(estimate: BlockEstimate) -> float:
+    """The A/A floor from an A/A estimate: the relative difference two identical launches showed (at least 1%).
+
+    The floor is the point estimate, not its interval: the candidate's own interval already carries the
+    noise; the floor guards against what noise cannot explain away, a difference between launches."""
+    if estimate.blocks < 2:
+        return math.inf
+    return max(MIN_FLOOR, abs(math.log(estimate.ratio)))
+
+
+def block_verdict(estimate: BlockEstimate, floor: float) -> str:
+    """"win" (faster beyond the floor, interval below 1), "loss" (slower beyond it, interval above 1), or
+    "inconclusive"."""
+    if estimate.blocks < 2:
+        return "inconclusive"
+    effect = math.log(estimate.ratio)
+    if estimate.hi < 1.0 and -effect > floor:
+        return "win"
+    if estimate.lo > 1.0 and effect > floor:
+        return "loss"
+    return "inconclusive"
+
+
+def could_still_win(estimate: BlockEstimate, floor: float) -> bool:
+    """Whether more blocks could turn this estimate into a win (its interval reaches below the floor)."""
+    return estimate.blocks >= 2 and math.log(estimate.lo) < -floor
