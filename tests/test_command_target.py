@@ -234,3 +234,22 @@ def test_the_readme_command_target_spec_is_valid_and_a_portless_command_is_refus
     (tmp_path / "half.toml").write_text(block.replace(" --port {port}", ""))
     with pytest.raises(SpecError, match="never receives it"):
         load_spec(tmp_path / "half.toml")
+
+
+def test_show_lists_each_launch_with_its_group_and_port(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from infragent.cli import app
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    run = ledger.start_run("optimize", "spec.toml", "x", None)
+    first = ledger.record_launch(run, "baseline", 4242, 8001, ["serve", "--port", "8001"], None, time.time())
+    ledger.record_launch(run, "trial/0", 4343, 8002, ["serve", "--port", "8002"], None, time.time())
+    ledger.set_launch(first, status="ready")
+    ledger.set_run(run, status="interrupted", note="interrupted (signal 15); continue with ... --resume 1")
+    shown = CliRunner().invoke(app, ["show", str(run), "--ledger", str(tmp_path / "ledger.sqlite")])
+    assert "launch baseline         process group 4242, port 8001: ready" in shown.output
+    assert "launch trial/0          process group 4343, port 8002: launched" in shown.output
+    assert "note: interrupted (signal 15)" in shown.output
+    listed = CliRunner().invoke(app, ["runs", "--ledger", str(tmp_path / "ledger.sqlite")])
+    assert "interrupted" in listed.output and "--resume 1" in listed.output

@@ -429,7 +429,8 @@ def optimize(
         return
     try:
         code_proposer = _code_proposer(proposer, command, llm_base_url, llm_model)
-        run_optimize(path, ledger_path, Budget(budget_probes, budget_minutes), resume, code_proposer)
+        run_optimize(path, _ledger_path(ledger_path, export_artifacts=True), Budget(budget_probes, budget_minutes),
+                     resume, code_proposer)
     except (ValueError, RuntimeError) as err:
         _fail(str(err))
 
@@ -454,6 +455,19 @@ def _code_proposer(name: str, command: Optional[str], base_url: Optional[str], m
 DEFAULT_LEDGER = ".infragent/ledger.sqlite"
 
 
+def _ledger_path(ledger: str, export_artifacts: bool = False) -> str:
+    """The ledger file as an absolute path, fixed once where the command starts: the loops start children in
+    other folders (kernel gates in a pack or a worktree), where a relative path would point somewhere else.
+    export_artifacts: also fix the probes' artifact folder ($INFRAGENT_ARTIFACTS, absolute) for children."""
+    from pathlib import Path
+
+    if export_artifacts:
+        from infragent.probes.artifacts import export_artifact_dir
+
+        export_artifact_dir()
+    return str(Path(ledger).expanduser().resolve())
+
+
 @app.command()
 def measure(
     spec: str = typer.Argument(..., help="The spec TOML."),
@@ -466,11 +480,17 @@ def measure(
     from infragent.lab.spec import SpecError
     from infragent.lab.target import TargetError
 
+    from infragent.lab.lifecycle import interrupt_on_sigterm
+
+    interrupt_on_sigterm()
     try:
-        run_id = run_measure(spec, Ledger(ledger), resume, log=lambda line: typer.echo(line, err=True))
+        run_id = run_measure(spec, Ledger(_ledger_path(ledger, export_artifacts=True)), resume,
+                             log=lambda line: typer.echo(line, err=True))
     except (SpecError, LedgerError, TargetError, ValueError) as err:
         _fail(str(err))
         return
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None  # the run's note (what was stopped, how to resume) is already printed
     typer.echo(run_id)
 
 
@@ -485,7 +505,7 @@ def runs(
     from infragent.lab.ledger import Ledger, LedgerError
 
     try:
-        book = Ledger(ledger)
+        book = Ledger(_ledger_path(ledger))
     except LedgerError as err:
         _fail(str(err))
         return
@@ -496,7 +516,8 @@ def runs(
         return
     for run in book.runs():
         when = _time.strftime("%Y-%m-%d %H:%M", _time.localtime(run["created"]))
-        typer.echo(f"{run['id']:5d}  {when}  {run['kind']:8s} {run['status']:10s} {run['probes']:4d} probes  {run['spec']}")
+        typer.echo(f"{run['id']:5d}  {when}  {run['kind']:8s} {run['status']:11s} {run['probes']:4d} probes  {run['spec']}"
+                   + (f"\n       {run['note']}" if run.get("note") and run["status"] != "completed" else ""))
 
 
 @app.command()
@@ -511,18 +532,30 @@ def show(
     from infragent.lab.ledger import Ledger, LedgerError
 
     try:
-        book = Ledger(ledger)
+        book = Ledger(_ledger_path(ledger))
         row = book.run(run_id)
     except LedgerError as err:
         _fail(str(err))
         return
     results = book.probe_results(run_id)
+    from infragent.lab.criteria import describe
+
+    launches = book.launches(run_id)
     if as_json:
-        typer.echo(_json.dumps({"run": row, "probes": results}, indent=2))
+        typer.echo(_json.dumps({"run": row, "launches": launches, "probes": results}, indent=2))
         return
     typer.echo(f"run {run_id}: {row['kind']} {row['status']} spec={row['spec_path']}")
+    if row.get("note"):
+        typer.echo(f"  note: {row['note']}")
+    for launch in launches:
+        typer.echo(f"  launch {launch['role']:16s} process group {launch['pgid']}, port {launch['port']}: "
+                   f"{launch['status']}")
     for r in results:
         typer.echo(f"  {r['key']:24s} [{r['probe']}] {r['verdict'].upper()}: {r['finding']}")
+        for j in r["feedback"].get("details", {}).get("judgements", []):
+            if j.get("metric") and "ci" in j:
+                typer.echo(f"      {j['verdict'].upper():12s} {j['metric']} [{j.get('phase')}, bucket "
+                           f"{j.get('bucket')}] {describe(j)}")
 
 
 @app.command()
@@ -538,7 +571,7 @@ def report(
     from infragent.trace_model import TraceFormatError
 
     try:
-        path = write_report(Ledger(ledger), run_id, output or f"run-{run_id}.html", trace)
+        path = write_report(Ledger(_ledger_path(ledger)), run_id, output or f"run-{run_id}.html", trace)
     except (LedgerError, TraceFormatError) as err:
         _fail(str(err))
         return

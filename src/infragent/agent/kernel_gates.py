@@ -19,11 +19,13 @@ from typing import Any, Callable
 from infragent.agent.kernel_target import load_kernel_target
 from infragent.lab.criteria import Judgement, judge_interval
 from infragent.lab.spec import Criterion, Spec, load_spec
-from infragent.probes.bench import run_bench
+from infragent.probes.bench import DECIDE_CONFIDENCE, run_bench
 from infragent.probes.check import run_check
 from infragent.probes.feedback import Feedback
 
 BENCH_BUDGET_S = 3.0
+BENCH_CRITERIA = {"bench": "time_ratio", "bench_reference": "reference_time_ratio"}  # gate -> the metric it measures
+GATE_OF = {"rel_error": "check", **{metric: gate for gate, metric in BENCH_CRITERIA.items()}}
 
 
 def run_gates(spec: Spec, root: Path, baseline_root: Path, knobs: dict, baseline_knobs: dict) -> dict[str, Any]:
@@ -47,11 +49,30 @@ def run_gates(spec: Spec, root: Path, baseline_root: Path, knobs: dict, baseline
             gate("bench_reference", lambda: run_bench(candidate, base.reference, base.bench_inputs,
                                                       budget_s=BENCH_BUDGET_S, names=("candidate", "reference")))
     judgements = [judge_kernel(c, feedback) for c in spec.criteria]
+    for name, metric in BENCH_CRITERIA.items():
+        if name in feedback:
+            grade_bench(feedback[name], [j for j in judgements if j.metric == metric], metric)
     ratio = feedback["bench"].numbers["ratio"].value if "bench" in feedback else None
     return {"feedback": {name: fb.to_dict() for name, fb in feedback.items()},
             "judgements": [asdict(j) for j in judgements],
             "objective": 1.0 / ratio if ratio else None,  # speedup over the baseline: higher is better
             "feasible": feedback["check"].verdict == "pass" and all(j.verdict == "pass" for j in judgements)}
+
+
+def grade_bench(bench: Feedback, judged: list[Judgement], metric: str) -> Feedback:
+    """Give a bench gate the verdict of the criteria that read its ratio, in place: its own verdict only says
+    which way the time moved ("slower" is a fail there), while the gate is there for a criterion — a candidate
+    expected to be slower (a more precise kernel) passes when the criterion's bound holds. The finding keeps the
+    direction and adds each criterion's judgement; with no criterion on the ratio, it says it is informational."""
+    bench.details["bench_verdict"], bench.details["direction"] = bench.verdict, bench.finding
+    if not judged:
+        bench.finding += f" (informational: no {metric} criterion; the trial's verdict does not rest on it)"
+        return bench
+    verdicts = {j.verdict for j in judged}
+    bench.verdict = "fail" if "fail" in verdicts else "inconclusive" if "inconclusive" in verdicts else "pass"
+    bench.details["decided_by"] = [j.metric for j in judged]
+    bench.finding += "; " + "; ".join(j.message for j in judged)
+    return bench
 
 
 def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgement:
@@ -64,6 +85,9 @@ def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgeme
             return Judgement("", criterion.metric, "kernel", "all", "fail", value, (value, value),
                              message=f"rel_error: nothing compared ({feedback['check'].finding[:200]})")
         lo = hi = value
+        method = (f"worst over the check's {numbers['trials'].value:g} trials, unpartitioned and every shard"
+                  if "max_rel_err_partitioned" in numbers else f"worst over the check's {numbers['trials'].value:g} trials")
+        confidence = None
     else:
         bench = feedback.get("bench" if criterion.metric == "time_ratio" else "bench_reference")
         if bench is None:
@@ -71,7 +95,17 @@ def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgeme
                              message=f"{criterion.metric}: not measured (the check failed first)")
         m = bench.numbers["ratio"]
         value, lo, hi = m.value, m.ci_low, m.ci_high
-    return judge_interval(criterion, value, lo, hi, "kernel")
+        method = f"paired candidate/{bench.locality.get('a', 'baseline')} time ratio, {m.n} pairs"
+        confidence = bench.details.get("confidence", DECIDE_CONFIDENCE)
+    judgement = judge_interval(criterion, value, lo, hi, "kernel")
+    judgement.method, judgement.confidence = method, confidence
+    rule = f"<= {criterion.max:g}" if criterion.max is not None else f">= {criterion.min:g}"
+    if criterion.metric == "rel_error":  # an observed worst case, not an estimate: no interval to quote
+        judgement.message = f"{criterion.metric} {value:.3g} ({method}) {rule}: {judgement.verdict}"
+    else:
+        judgement.message = (f"{criterion.metric} {value:.4g} [{lo:.4g}, {hi:.4g}] ({method}, {confidence:.0%} CI) "
+                             f"{rule}: {judgement.verdict}")
+    return judgement
 
 
 def gates_argv(spec_path: Path, root: Path, baseline_root: Path, knobs: dict, baseline_knobs: dict,

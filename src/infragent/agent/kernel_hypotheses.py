@@ -44,9 +44,12 @@ def _precision_gap(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypoth
         shards = where.get("shards") or [where.get("shard")]
         precision = likely_precision(partitioned)
         tags = ["precision", "partition"]
-        return Hypothesis(
+        trials = _number(check, "trials")
+        over = f"{trials:g} trials" if trials is not None else "its trials"
+        return Hypothesis(  # the numbers the check recorded (and states), worst over the same trials and shards
             claim=f"shard{'s' if len(shards) > 1 else ''} {', '.join(map(str, shards))} of {where['partition']} "
-                  f"compute with {precision}: max rel err {partitioned:.1e} partitioned vs {whole:.1e} unpartitioned",
+                  f"compute with {precision}: max rel err {partitioned:.1e} partitioned vs {whole:.1e} unpartitioned "
+                  f"(the check's worst over {over}, each shard and the combined output)",
             spans=tags, knobs=_knobs_for(tags, knobs), probe="check",
             predicted=f"a precision that recovers FP32 accuracy brings the partitioned error near {whole:.1e}",
             evidence=[check["finding"]],
@@ -116,17 +119,33 @@ def _gil_starvation(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypot
         cites[f"ladder/gil:numbers/{thread}.waited/value"] = waited
         spans += [span, starving.get("holder_span", "")]
     if never:
-        pair = never[0]
+        index = _working_pair(never, (trace or {}).get("details", {}).get("top_spans", []))
+        pair = never[index]
         executing = pair.get("executing_share_of_a")
         parts.append(f"{pair['a']} and {pair['b']} never overlap"
                      + (f" ({executing:.1%} of the waiting side's time ran alongside)" if executing is not None else ""))
         if executing is not None:
-            cites["ladder/trace:details/never_overlapping/0/executing_share_of_a"] = executing
+            cites[f"ladder/trace:details/never_overlapping/{index}/executing_share_of_a"] = executing
         spans += [pair["a"].split(" @ ")[0], pair["b"].split(" @ ")[0]]
     spans = [s for s in dict.fromkeys(spans) if s] + ["gil"]
     return Hypothesis(claim="; ".join(parts), spans=spans, knobs=_knobs_for(spans, knobs), probe="gil",
                       predicted="releasing the GIL in the native call lets the starved thread overlap it",
                       evidence=[r["finding"] for r in (trace, gil) if r], cites=cites)
+
+
+def _working_pair(never: list[dict], top_spans: list[dict]) -> int:
+    """Which never-overlapping pair to name: the one whose span does the most work of its own (exclusive time
+    in the trace's breakdown), so a leaf call (gemm) is named rather than a parent around it (step, attention)
+    that happens to qualify too; then the least overlap, then the analysis's order."""
+    own = {row["key"]: row.get("exclusive_ns", 0) for row in top_spans}
+
+    def rank(i: int) -> tuple:
+        pair = never[i]
+        work = max(own.get(pair[side].split(" @ ")[0], 0) for side in ("a", "b"))
+        executing = pair.get("executing_share_of_a")
+        return -work, 1.0 if executing is None else executing, i
+
+    return min(range(len(never)), key=rank)
 
 
 def _reference_gap(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothesis | None:

@@ -13,16 +13,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infragent.agent.hypotheses import Hypothesis, suspects
-from infragent.agent.kernel_gates import gates_argv
+from infragent.agent.kernel_gates import GATE_OF, gates_argv
 from infragent.agent.kernel_hypotheses import from_ladder
 from infragent.agent.kernel_ladder import ladder
 from infragent.agent.kernel_target import load_kernel_target
 from infragent.agent.loop import (Budget, Outcome, _best, _Clock, _counts, _enqueue, _replay, _start, _store,
-                                  out_of_budget, record_hypotheses, tell)
+                                  clip, out_of_budget, record_hypotheses, tell)
 from infragent.agent.proposal import Proposal, ProposalError
 from infragent.agent.search import SearchProposer
 from infragent.agent.workspace import Workspace, WorkspaceError, run_limited
 from infragent.lab.ledger import Ledger
+from infragent.lab.lifecycle import guarded_run
 from infragent.lab.spec import Spec, load_spec
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback
@@ -39,6 +40,14 @@ def optimize_kernel(spec_path: str | Path, ledger: Ledger, budget: Budget, propo
     spec_path = Path(spec_path).resolve()
     spec = load_spec(spec_path)
     run_id = _start(spec_path, ledger, resume, log)
+    with guarded_run(ledger, run_id, f"infragent optimize {spec_path} --ledger {ledger.path}", log):
+        outcome = _optimize_kernel(spec, spec_path, run_id, ledger, budget, proposer, log, seed)
+        ledger.set_run(run_id, status="completed")
+    return outcome
+
+
+def _optimize_kernel(spec: Spec, spec_path: Path, run_id: int, ledger: Ledger, budget: Budget, proposer: Any,
+                     log: Callable[[str], None], seed: int) -> Outcome:
     done = {r["key"]: r for r in ledger.probe_results(run_id)}
     clock = _Clock(budget, sum(1 for k, r in done.items() if _counts(k, r)))
     baseline_knobs = {n: k.default for n, k in spec.knobs.items() if k.default is not None}
@@ -92,7 +101,6 @@ def optimize_kernel(spec_path: str | Path, ledger: Ledger, budget: Budget, propo
         trial += 1
     outcome.best, limits = _best(outcome.trials)
     outcome.limits += limits
-    ledger.set_run(run_id, status="completed")
     return outcome
 
 
@@ -113,12 +121,20 @@ def _ladder_and_hypotheses(spec: Spec, spec_path: Path, knobs: dict, done: dict,
     return record_hypotheses(found, done, ledger, run_id, experiment, log)
 
 
+def _home(ledger: Ledger, folder: str) -> Path:
+    """A folder beside the ledger, as an absolute path: the gates run in the pack's folder or a worktree, so
+    every path handed to them must not depend on the folder the loop started in."""
+    return (ledger.path.parent / folder).resolve()
+
+
 def _run_gates(spec_path: Path, root: Path, knobs: dict, baseline_knobs: dict, out: Path) -> dict:
-    """The gates in a child process; its result, or a failed check naming why the child died."""
+    """The gates in a child process (its working folder: root); its result, or a failed check naming why the
+    child died. Every path the child gets is absolute."""
+    spec_path, root, out = spec_path.resolve(), root.resolve(), out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     done = run_limited(gates_argv(spec_path, root, spec_path.parent, knobs, baseline_knobs, out), cwd=root,
                        timeout_s=GATES_TIMEOUT_S, memory_gb=GATES_MEMORY_GB,
-                       env={"INFRAGENT_ARTIFACTS": str(artifact_dir().resolve())})  # evidence stays out of the patch
+                       env={"INFRAGENT_ARTIFACTS": str(artifact_dir())})  # absolute; evidence stays out of the patch
     if done.rc == 0 and out.exists():
         return json.loads(out.read_text())
     why = (f"timed out after {GATES_TIMEOUT_S:g} s" if done.timed_out else
@@ -135,15 +151,49 @@ def _gate_trial(gates: dict, key: str, result: dict, experiment: int, record: Ca
         started = time.monotonic()
     check = gates["feedback"]["check"]
     if check["verdict"] != "pass":
-        why = f"failed the check: {check['finding'][:200]}"
+        why = f"failed the check: {clip(check['finding'], 320)}"
     else:
-        failed = [j for j in gates["judgements"] if j["verdict"] != "pass"]
-        why = ("every criterion passes" if not failed else
-               "; ".join(j["message"] for j in failed))
+        why = decision(gates["judgements"])
         result.update(status="measured", objective=gates["objective"], feasible=gates["feasible"],
-                      judgements=gates["judgements"],
-                      finding=gates["feedback"].get("bench", {}).get("finding", ""))
+                      judgements=gates["judgements"], finding=trial_finding(gates))
     return _store(record, key, result, experiment, why)
+
+
+def trial_finding(gates: dict) -> str:
+    """A measured trial in one line: which criteria decided it (each with its gate), then what each bench gate
+    measured, in its own direction, and whether that was within the bound of the criterion reading it."""
+    judgements = gates["judgements"]
+    failed = [j for j in judgements if j["verdict"] != "pass"]
+    named = ", ".join(f"[{GATE_OF.get(j['metric'], 'gates')}] {j['metric']} {j['verdict']}"
+                      for j in failed or judgements)
+    parts = [f"not accepted ({named})" if failed else f"every criterion passes ({named})" if judgements else
+             "no criterion to judge: measured only"]
+    for name, fb in gates["feedback"].items():
+        if fb.get("probe") != "bench":
+            continue
+        direction = fb.get("details", {}).get("direction", fb["finding"])
+        decided = [j for j in judgements if j["metric"] in fb.get("details", {}).get("decided_by", [])]
+        if decided:
+            verdicts = {j["verdict"] for j in decided}
+            where = ("outside" if "fail" in verdicts else "not clearly within" if "inconclusive" in verdicts
+                     else "within")
+            parts.append(f"[{name}] {direction}, {where} its {' and '.join(j['metric'] for j in decided)} bound")
+        else:
+            parts.append(f"[{name}] {direction} (informational: no criterion reads it)")
+    return "; ".join(parts)
+
+
+def decision(judgements: list[dict]) -> str:
+    """What decided a measured trial, each criterion named with the gate whose numbers it read: the ones that
+    did not pass when any did not (they decided), else every criterion."""
+    def said(j: dict) -> str:
+        return f"[{GATE_OF.get(j['metric'], 'gates')}] {j['message']}"
+
+    failed = [j for j in judgements if j["verdict"] != "pass"]
+    if failed:
+        return "; ".join(said(j) for j in failed)
+    return "every criterion passes: " + "; ".join(said(j) for j in judgements) if judgements else \
+        "no criterion to judge: measured only"
 
 
 def _knob_trial(spec_path: Path, key: str, knobs: dict, baseline_knobs: dict, ledger: Ledger, run_id: int,
@@ -153,7 +203,7 @@ def _knob_trial(spec_path: Path, key: str, knobs: dict, baseline_knobs: dict, le
     result = {"trial": number, "knobs": knobs, "status": "rejected", "objective": None, "feasible": False}
     started = time.monotonic()
     gates = _run_gates(spec_path, spec_path.parent, knobs, baseline_knobs,
-                       ledger.path.parent / "gates" / f"run-{run_id}-{number}.json")
+                       _home(ledger, "gates") / f"run-{run_id}-{number}.json")
     return _gate_trial(gates, key, result, experiment, record, started)
 
 
@@ -164,13 +214,13 @@ def _code_trial(spec: Spec, spec_path: Path, key: str, knobs: dict, proposer: An
     experiment = ledger.experiment(run_id, key, knobs)
     result: dict[str, Any] = {"trial": number, "knobs": knobs, "status": "rejected", "objective": None,
                               "feasible": False, "proposer": proposer.name}
-    home = ledger.path.parent / "workspaces"
+    home = _home(ledger, "workspaces")
     code_dir = (spec_path.parent / spec.target.code).resolve()
     started = time.monotonic()
     try:
         with Workspace.create(code_dir, home, f"run-{run_id}-trial-{number}") as ws:
             root = ws.root / spec_path.parent.relative_to(code_dir)
-            out = ledger.path.parent / "gates" / f"run-{run_id}-{number}.json"
+            out = _home(ledger, "gates") / f"run-{run_id}-{number}.json"
             try:
                 proposal = _propose(proposer, context, ws, spec_path, root, knobs, out)
             except ProposalError as err:
@@ -183,7 +233,7 @@ def _code_trial(spec: Spec, spec_path: Path, key: str, knobs: dict, proposer: An
             outcome = _gate_trial(_run_gates(spec_path, root, knobs, knobs, out), key, result, experiment, record,
                                   started)
             if outcome["status"] == "measured" and outcome["feasible"]:
-                path = ws.export(ledger.path.parent / "patches", {
+                path = ws.export(_home(ledger, "patches"), {
                     "run": run_id, "trial": number, "rationale": proposal.rationale, "proposer": proposer.name,
                     "judgements": outcome.get("judgements"), "objective": outcome["objective"]})
                 outcome["exported"] = str(path)

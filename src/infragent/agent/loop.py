@@ -83,7 +83,7 @@ def _optimize(spec: Spec, run_id: int, ledger: Ledger, budget: Budget, log: Call
         feedback.details["cost_s"] = round(time.monotonic() - started, 2)
         ledger.record_probe(run_id, key, feedback.to_dict(), experiment, [(e.path, e.description) for e in feedback.evidence])
         clock.probes += _counts(key, {"probe": feedback.probe})
-        log(f"  [{key}] {feedback.verdict.upper()} ({feedback.details['cost_s']:.0f} s): {feedback.finding[:300]}")
+        log(f"  [{key}] {feedback.verdict.upper()} ({feedback.details['cost_s']:.0f} s): {clip(feedback.finding)}")
         done[key] = {"key": key, "feedback": feedback.to_dict(), "verdict": feedback.verdict}
         return done[key]
 
@@ -147,6 +147,11 @@ def _alive(base: TargetProcess, cand: TargetProcess) -> None:
 
 class RunError(RuntimeError):
     """The run cannot continue (the baseline died); resume it once the cause is fixed."""
+
+
+def clip(text: str, limit: int = 600) -> str:
+    """text cut at a word boundary near limit, with a mark that it goes on (the ledger keeps it whole)."""
+    return text if len(text) <= limit else text[:text.rfind(" ", 0, limit)] + " …"
 
 
 def fresh_key(done: dict, key: str) -> str:

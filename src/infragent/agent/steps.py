@@ -83,6 +83,7 @@ def objective(run: Run) -> float:
 
 LOCAL_BLOCKS = 6  # blocks per look; a second look adds as many when the first cannot decide
 LOCAL_CONFIDENCE = 0.975  # per look, two looks at most: a false win stays under 2.5% (Bonferroni)
+LOCAL_OUTPUT_LEN = 16  # the local A/B is a cheap proxy: the scenario's requests, outputs cut to this many tokens
 
 
 def local_block(scenario: Scenario) -> int:
@@ -92,10 +93,11 @@ def local_block(scenario: Scenario) -> int:
 
 def block_ratios(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int,
                  blocks: int) -> tuple[list[float], dict[str, Run]]:
-    """blocks interleaved blocks of the scenario's requests (fresh prompts from seed): per-block log latency
-    ratios candidate/baseline, and both sides' runs."""
+    """blocks interleaved blocks of the scenario's requests (fresh prompts from seed; outputs capped at
+    LOCAL_OUTPUT_LEN tokens): per-block log latency ratios candidate/baseline, and both sides' runs."""
     size = local_block(scenario)
-    small = scenario.model_copy(update={"num_prompts": blocks * size, "repeats": 1})
+    small = scenario.model_copy(update={"num_prompts": blocks * size, "repeats": 1,
+                                        "random_output_len": min(scenario.random_output_len, LOCAL_OUTPUT_LEN)})
     runs = interleaved_repeat(small, {"baseline": baseline_url, "candidate": candidate_url}, seed, block=size)
     return block_log_ratios(runs["baseline"].records, runs["candidate"].records, size), runs
 
@@ -136,7 +138,7 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
 
 
 def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: int,
-                   blocks: int = 2 * LOCAL_BLOCKS) -> Feedback:
+                   blocks: int = LOCAL_BLOCKS + 2) -> Feedback:
     """The A/A floor on this machine: the local A/B between two launches of the baseline; the floor is the
     relative difference it shows (analysis/blocks.aa_floor)."""
     ratios, _ = block_ratios(scenario, baseline_url, twin_url, seed, blocks)

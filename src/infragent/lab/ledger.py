@@ -162,18 +162,19 @@ class Ledger:
                  "numbers": json.loads(r[5]), "created": r[6], "feedback": json.loads(r[7])} for r in rows]
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every run with its probe count, newest first."""
-        rows = self.db.execute("SELECT r.id, r.kind, r.status, r.spec_path, r.created, COUNT(p.id) FROM runs r "
+        """Every run with its probe count and note, newest first."""
+        rows = self.db.execute("SELECT r.id, r.kind, r.status, r.spec_path, r.created, COUNT(p.id), r.note FROM runs r "
                                "LEFT JOIN probe_results p ON p.run_id = r.id GROUP BY r.id ORDER BY r.id DESC")
-        return [{"id": r[0], "kind": r[1], "status": r[2], "spec": r[3], "created": r[4], "probes": r[5]} for r in rows]
+        return [{"id": r[0], "kind": r[1], "status": r[2], "spec": r[3], "created": r[4], "probes": r[5], "note": r[6]}
+                for r in rows]
 
     def export_jsonl(self) -> Iterator[str]:
-        """Every run with its environment and probe results, one JSON object per line."""
+        """Every run with its environment, launches and probe results, one JSON object per line."""
         for run in reversed(self.runs()):
             row = self.run(run["id"])
             env = self.db.execute("SELECT data FROM environments WHERE id = ?", (row["environment_id"],)).fetchone()
             yield json.dumps({"run": row, "environment": json.loads(env[0]) if env else None,
-                              "probes": self.probe_results(run["id"])})
+                              "launches": self.launches(run["id"]), "probes": self.probe_results(run["id"])})
 
 
 class _Txn:

@@ -58,8 +58,11 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
     never = never_overlapping(c)
     details["never_overlapping"] = [_overlap_dict(o) for o in never]
     for o in never[:3]:
+        running = ("" if o.executing_overlap_ns is None else
+                   f"; running at the same time {o.executing_overlap_ns / 1e6:.2f} ms, by thread CPU time")
         findings.append(f"NEVER OVERLAP: {o.a} and {o.b} (both busy {o.a_busy_ns / 1e6:.1f} / "
-                        f"{o.b_busy_ns / 1e6:.1f} ms in the same stretch, overlapped {o.overlap_ns / 1e6:.2f} ms)")
+                        f"{o.b_busy_ns / 1e6:.1f} ms in the same stretch; open at the same time "
+                        f"{o.overlap_ns / 1e6:.2f} ms of wall time{running})")
     signature |= bool(never)
     gaps = idle(c)
     details["idle"] = [asdict(t) for t in gaps]

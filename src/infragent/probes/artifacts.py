@@ -10,10 +10,22 @@ from typing import Any
 from infragent.probes.feedback import Evidence
 
 
+ENV = "INFRAGENT_ARTIFACTS"
+
+
 def artifact_dir() -> Path:
-    """$INFRAGENT_ARTIFACTS, or .infragent/artifacts under the working directory."""
-    path = Path(os.environ.get("INFRAGENT_ARTIFACTS", Path.cwd() / ".infragent" / "artifacts"))
+    """$INFRAGENT_ARTIFACTS, or .infragent/artifacts under the working directory; always absolute (a relative
+    $INFRAGENT_ARTIFACTS is taken from the working directory), so a path handed on stays valid elsewhere."""
+    path = Path(os.environ.get(ENV) or Path.cwd() / ".infragent" / "artifacts").expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def export_artifact_dir() -> Path:
+    """Fix artifact_dir() for this process and the children it starts (whatever folder they run in): set
+    $INFRAGENT_ARTIFACTS to its absolute path. Call once where a command starts, before changing folders."""
+    path = artifact_dir()
+    os.environ[ENV] = str(path)
     return path
 
 

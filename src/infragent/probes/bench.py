@@ -208,5 +208,6 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
     return Feedback("bench", verdict, finding, numbers=numbers,
                     locality={"a": a_name, "b": b_name, "inputs": case.label or "default", "threads": config.threads},
                     evidence=[evidence], next_probes=next_probes,
-                    details={"outcome": result.outcome, "pairs": len(result.a_ns), "inner": result.inner,
+                    details={"outcome": result.outcome, "confidence": result.confidence,
+                             "pairs": len(result.a_ns), "inner": result.inner,
                              "raw": {"a_ns": result.a_ns, "b_ns": result.b_ns, "b_first": result.b_first}})
