@@ -81,10 +81,9 @@ def test_kernel_pack_command_from_another_folder(pack: str, flags: list[str], wo
         assert list((tmp_path / ".infragent" / "gates").glob("run-1-0.json"))
 
 
-@pytest.mark.skipif(not os.environ.get("INFRAGENT_SLOW_TESTS"), reason="4-9 minutes: set INFRAGENT_SLOW_TESTS=1")
 def test_quant_gates_command_from_another_folder(tmp_path: Path) -> None:
     """The serving pack, with the smallest budget that reaches one proposal: the baseline trace and the A/A
-    calibration (two probes, 1.5-5 minutes on 2 shared cores; the minutes budget does not cut them short) leave
+    calibration (two probes, 1-3 minutes on 2 shared cores; the minutes budget does not cut them short) leave
     room for one trial only with 4 probes and 10 minutes. Its first proposal (seed 0) is W8A8 without
     SmoothQuant, which the README says fails the perplexity gate: the quality gates take 1-3 minutes."""
     out = ran_clean(infragent("optimize", "quant-gates", "--budget-probes", "4", "--budget-minutes", "10",
