@@ -18,7 +18,7 @@ from infragent.agent.kernel_hypotheses import from_ladder
 from infragent.agent.kernel_ladder import ladder
 from infragent.agent.kernel_target import load_kernel_target
 from infragent.agent.loop import (Budget, Outcome, _best, _Clock, _counts, _enqueue, _replay, _start, _store,
-                                  clip, out_of_budget, record_hypotheses, tell)
+                                  clip, known_point, out_of_budget, record_hypotheses, search_exhausted, tell)
 from infragent.agent.proposal import Proposal, ProposalError
 from infragent.agent.search import SearchProposer
 from infragent.agent.workspace import Workspace, WorkspaceError, run_limited
@@ -30,7 +30,6 @@ from infragent.probes.feedback import Feedback
 
 GATES_TIMEOUT_S = 600.0
 GATES_MEMORY_GB = 12.0
-MAX_REPEATS = 3  # consecutive proposals of already-measured knob values before the search stops
 MAX_FAILED_PROPOSALS = 3  # consecutive proposals without a usable patch before the loop stops
 
 
@@ -77,12 +76,9 @@ def _optimize_kernel(spec: Spec, spec_path: Path, run_id: int, ledger: Ledger, b
             break
         if search is not None:
             number, knobs = search.propose() if replay is None else _enqueue(search, replay["knobs"])
-            if replay is None and _known_point(search, number, knobs, outcome.trials, baseline_knobs):
+            if replay is None and known_point(search, number, knobs, outcome.trials, baseline_knobs):
                 repeats += 1
-                exhausted = search.finite and search.unmeasured(_measured(outcome.trials, baseline_knobs)) is None
-                if exhausted or repeats > MAX_REPEATS:
-                    outcome.limits.append("every combination of the searched knobs was measured" if exhausted
-                                          else f"the search proposed measured points {repeats} times in a row")
+                if search_exhausted(search, outcome, baseline_knobs, repeats):
                     break
                 continue
             repeats = 0
@@ -278,18 +274,3 @@ def _context(spec: Spec, spec_path: Path, hypotheses: list[Hypothesis], done: di
 
 
 
-def _measured(trials: list[dict], baseline_knobs: dict) -> list[dict]:
-    return [t["knobs"] for t in trials] + [baseline_knobs]
-
-
-def _known_point(search: SearchProposer, number: int, knobs: dict, trials: list[dict], baseline_knobs: dict) -> bool:
-    """The baseline or an already measured point: told to the sampler again (nothing spent) and, in a finite
-    space, the next unmeasured point queued in its place. False for a new point."""
-    seen = next((t for t in trials if t["knobs"] == knobs), None)
-    if seen is None and knobs != baseline_knobs:
-        return False
-    tell(search, number, seen or {"status": "baseline"})
-    fresh = search.unmeasured(_measured(trials, baseline_knobs))
-    if fresh is not None:
-        search.start_from(fresh)
-    return True

@@ -27,6 +27,9 @@ from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback
 
 
+MAX_REPEATS = 3  # consecutive proposals of already-tried knob values before the search stops
+
+
 @dataclass
 class Budget:
     """When to stop: whichever comes first."""
@@ -94,13 +97,19 @@ def _optimize(spec: Spec, run_id: int, ledger: Ledger, budget: Budget, log: Call
     outcome = Outcome(run_id, {"knobs": baseline_knobs}, None, hypotheses=hypotheses)
     with launched(spec.target, baseline_knobs, ledger, run_id, "baseline") as base:
         floor = _aa_floor(spec, base, baseline_knobs, done, record, base_exp, ledger, run_id)
-        trial = 0
+        trial = repeats = 0
         while True:
             key = f"trial/{trial}"
             replay = _replay(done, key)
             if replay is None and out_of_budget(clock, outcome):
                 break
             number, knobs = proposer.propose() if replay is None else _enqueue(proposer, replay["knobs"])
+            if replay is None and known_point(proposer, number, knobs, outcome.trials, baseline_knobs):
+                repeats += 1
+                if search_exhausted(proposer, outcome, baseline_knobs, repeats):
+                    break
+                continue
+            repeats = 0
             result = replay or _trial(spec, key, knobs, base, floor, ledger, run_id, record, clock, trial, log)
             outcome.trials.append(result)
             tell(proposer, number, result)
@@ -161,6 +170,34 @@ def fresh_key(done: dict, key: str) -> str:
         attempt += 1
         fresh = f"{key}@{attempt}"
     return fresh
+
+
+def known_point(search: SearchProposer, number: int, knobs: dict, trials: list[dict], baseline_knobs: dict) -> bool:
+    """The baseline or an already tried point: told to the sampler again (nothing spent) and, in a finite
+    space, the next untried point queued in its place. False for a new point."""
+    seen = next((t for t in trials if t["knobs"] == knobs), None)
+    if seen is None and knobs != baseline_knobs:
+        return False
+    tell(search, number, seen or {"status": "baseline"})
+    fresh = search.unmeasured(_tried(trials, baseline_knobs))
+    if fresh is not None:
+        search.start_from(fresh)
+    return True
+
+
+def search_exhausted(search: SearchProposer, outcome: Outcome, baseline_knobs: dict, repeats: int) -> bool:
+    """True (and the limit noted) when every point of a finite space was tried, or the search keeps proposing
+    tried points."""
+    exhausted = search.finite and search.unmeasured(_tried(outcome.trials, baseline_knobs)) is None
+    if exhausted or repeats > MAX_REPEATS:
+        outcome.limits.append("every combination of the searched knobs was tried" if exhausted
+                              else f"the search proposed tried points {repeats} times in a row")
+        return True
+    return False
+
+
+def _tried(trials: list[dict], baseline_knobs: dict) -> list[dict]:
+    return [t["knobs"] for t in trials] + [baseline_knobs]
 
 
 def out_of_budget(clock: _Clock, outcome: Outcome) -> bool:

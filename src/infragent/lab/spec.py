@@ -71,6 +71,9 @@ class Target(_Strict):
     base_url: Optional[str] = None
     ready_timeout_s: float = Field(300.0, gt=0)  # launch -> proven ready; longer means the target hung
     hang_timeout_s: float = Field(60.0, gt=0)  # a ready target that answers nothing (not even health) this long hung
+    # readiness needs the port's listening socket to be the launch's process group; false for a server whose
+    # socket is another process's (a container's port proxy, a remote host): then the port must be free at launch
+    listener_check: bool = True
     serve_args: list[str] = Field(default_factory=list)  # extra `infragent serve` flags for an engine target
     # kernel targets: "FILE.py:function" next to the spec
     candidate: Optional[str] = None

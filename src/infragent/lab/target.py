@@ -169,9 +169,13 @@ class TargetProcess:
         self.on_launch = on_launch
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
+        self.listener_check = target.listener_check
 
     def start(self) -> "TargetProcess":
         """Launch (new session = new process group) and wait until it is proven ready; stop it on any failure."""
+        if not self.listener_check and listener_pid(self.port) is not None:
+            raise TargetError(f"port {self.port} is in use before the launch (pid {listener_pid(self.port)}); with "
+                              "listener_check = false a launch is trusted only on a port that was free")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             try:
@@ -221,7 +225,7 @@ class TargetProcess:
                 answered = False
             if answered:
                 owner = listener_pid(self.port)
-                if owner is not None and group_of(owner) == self.pgid:
+                if not self.listener_check or (owner is not None and group_of(owner) == self.pgid):
                     return
                 raise TargetError(f"port {self.port} answered {self.ready_url}, but the listener is "
                                   f"{'pid ' + str(owner) if owner else 'not a process of ours'}, not this launch's "
@@ -245,7 +249,7 @@ class TargetProcess:
             raise TargetDied(f"target died: exited with status {self.proc.returncode} (port {self.port}): "
                              f"{self.log_tail()}")
         owner = listener_pid(self.port)
-        if owner is None or group_of(owner) != self.pgid:
+        if self.listener_check and (owner is None or group_of(owner) != self.pgid):
             raise TargetDied(f"target died: nothing of process group {self.pgid} listens on port {self.port} any more"
                              f" ({'pid ' + str(owner) + ' does' if owner else 'nobody does'}): {self.log_tail()}")
 
