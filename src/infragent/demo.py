@@ -4,6 +4,7 @@ ends with baseline against best per criterion, what limited the result, and the 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from infragent.agent.loop import Budget
 from infragent.agent.summary import run_optimize
@@ -14,7 +15,7 @@ def main() -> None:
     """Run `infragent optimize` on the engine-slo pack."""
     minutes = float(os.environ.get("INFRAGENT_DEMO_MINUTES", "4"))  # no trial starts after this
     print(f"infragent demo: optimize the engine-slo pack (search proposer, budget {minutes:g} minutes)\n")
-    run_optimize(resolve_spec(None), ".infragent/ledger.sqlite", Budget(probes=16, minutes=minutes))
+    run_optimize(resolve_spec(None), Path(".infragent/ledger.sqlite").resolve(), Budget(probes=16, minutes=minutes))
 
 
 if __name__ == "__main__":
