@@ -310,8 +310,8 @@ def _trial(spec: Spec, key: str, knobs: dict, base: TargetProcess, floor: float,
                                          more=lambda: clock.minutes() < clock.budget.minutes,
                                          alive=lambda: _alive(base, cand))
             record(f"{key}/e2e", e2e, experiment, started)
-            for name, fb in raw.items():
-                record(f"{key}/{name}", fb, experiment, started)
+            for name, fb in raw.items():  # the raw records of the e2e probe above (its cost is there)
+                record(f"{key}/{name}", fb, experiment, time.monotonic())
             result.update(status="measured", objective=score["objective"], feasible=score["feasible"],
                           finding=e2e.finding, judgements=quality_judgements + e2e.details["judgements"])
             return _store(record, key, result, experiment, f"end to end: criteria {e2e.verdict}")
