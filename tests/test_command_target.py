@@ -258,3 +258,16 @@ def test_show_lists_each_launch_with_its_group_and_port(tmp_path: Path) -> None:
     assert "note: interrupted (signal 15)" in shown.output
     listed = CliRunner().invoke(app, ["runs", "--ledger", str(tmp_path / "ledger.sqlite")])
     assert "interrupted" in listed.output and "--resume 1" in listed.output
+
+
+def test_signals_held_while_stopping_arrive_once_the_outermost_block_ends() -> None:
+    from infragent.lab.target import held_signals
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt, match="signal 15"):
+        with held_signals():
+            with held_signals():  # stop() inside launched()'s cleanup: nested, still held
+                os.kill(os.getpid(), signal.SIGTERM)
+                reached.append("inner")
+            reached.append("outer")  # the launch is recorded as stopped before the interrupt goes on
+    assert reached == ["inner", "outer"] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -104,7 +104,7 @@ def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int,
         status = "stopped by interrupt"
         raise
     finally:
-        proc.stop()
-        if ids:
-            with held_signals():
+        with held_signals():  # stopped and recorded as stopped, whatever arrives meanwhile
+            proc.stop()
+            if ids:
                 ledger.set_launch(ids[0], stopped=time.time(), status=status)

@@ -278,12 +278,16 @@ class TargetProcess:
         self.stop()
 
 
+_holding: list[bool] = []  # non-empty while the main thread holds signals (blocks nest)
+
+
 @contextlib.contextmanager
 def held_signals() -> Iterator[None]:
     """SIGINT and SIGTERM are held (delivered as KeyboardInterrupt at the end) while the block runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or _holding:
+        yield  # another thread cannot set handlers; an outer block already holds them
         return
+    _holding.append(True)
     caught: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -292,6 +296,7 @@ def held_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        _holding.pop()
         if caught:
             raise KeyboardInterrupt(f"signal {caught[0]}")
 
