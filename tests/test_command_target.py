@@ -212,7 +212,7 @@ def test_an_interrupt_in_any_phase_leaves_no_process_and_the_run_resumable(tmp_p
     assert launches and all(_group_gone(launch["pgid"]) for launch in launches), launches
     assert all(launch["stopped"] is not None for launch in launches)
     run = ledger.run(1)
-    assert run["status"] == "interrupted" and f"--resume 1" in run["note"], run
+    assert run["status"] == "interrupted" and "--resume 1" in run["note"], run
     assert "run 1 interrupted" in output
     if sig == signal.SIGINT and phase == "end_to_end":  # and it continues where it stopped
         resumed = subprocess.run(argv + ["--resume", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=300)

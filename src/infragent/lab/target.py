@@ -101,9 +101,9 @@ def require_own_ports(target: Target, why: str) -> None:
                           f"the second would measure the first. Fix: {PORT_HINT}")
 
 
-def launch_command(target: Target, knobs: dict[str, Any], port: int | None = None) -> tuple[list[str], str, str]:
-    """(argv, base_url, ready_url) for a target with these knob values, on `port` (a free one if None)."""
-    port = free_port() if port is None else port
+def launch_command(target: Target, knobs: dict[str, Any]) -> tuple[list[str], str, str]:
+    """(argv, base_url, ready_url) for a target with these knob values, on a free port."""
+    port = free_port()
     if target.kind == "command":
         fields = {**knobs, "port": port}
         try:
@@ -173,8 +173,9 @@ class TargetProcess:
 
     def start(self) -> "TargetProcess":
         """Launch (new session = new process group) and wait until it is proven ready; stop it on any failure."""
-        if not self.listener_check and listener_pid(self.port) is not None:
-            raise TargetError(f"port {self.port} is in use before the launch (pid {listener_pid(self.port)}); with "
+        squatter = None if self.listener_check else listener_pid(self.port)
+        if squatter is not None:
+            raise TargetError(f"port {self.port} is in use before the launch (pid {squatter}); with "
                               "listener_check = false a launch is trusted only on a port that was free")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
@@ -248,8 +249,8 @@ class TargetProcess:
         if self.proc.poll() is not None:
             raise TargetDied(f"target died: exited with status {self.proc.returncode} (port {self.port}): "
                              f"{self.log_tail()}")
-        owner = listener_pid(self.port)
-        if self.listener_check and (owner is None or group_of(owner) != self.pgid):
+        owner = listener_pid(self.port) if self.listener_check else self.pgid
+        if owner is None or group_of(owner) != self.pgid:
             raise TargetDied(f"target died: nothing of process group {self.pgid} listens on port {self.port} any more"
                              f" ({'pid ' + str(owner) + ' does' if owner else 'nobody does'}): {self.log_tail()}")
 
