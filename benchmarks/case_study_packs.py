@@ -14,8 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from infragent.agent.kernel_loop import optimize_kernel
-from infragent.agent.loop import Budget, _counts
+from infragent.agent.context import Budget
+from infragent.agent.core import optimize
+from infragent.lab.trajectory import probes_until
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import PACKS
 
@@ -27,22 +28,17 @@ CAUSES = {  # what naming the true cause means, per the issue: words the hypothe
 
 
 def run_pack(name: str, probes: int, minutes: float) -> dict:
-    """Optimize a copy of the pack; the probes before the cause was named, the hypotheses, the best trial."""
+    """Optimize a copy of the pack; the probe runs up to the one that settled the cause, the hypotheses, the best trial."""
     home = Path(tempfile.mkdtemp(prefix=f"pack-{name}-"))
     shutil.copytree(PACKS / name, home / name, ignore=shutil.ignore_patterns("__pycache__"))
     ledger = Ledger(home / "ledger.sqlite")
     started = time.monotonic()
-    outcome = optimize_kernel(home / name / "spec.toml", ledger, Budget(probes=probes, minutes=minutes),
-                              log=lambda line: None)
-    rows = ledger.probe_results(outcome.run_id)
-    used, named = 0, None
-    for row in rows:
-        if row["key"].startswith("hypothesis/") and all(w in row["feedback"]["finding"] for w in CAUSES[name]):
-            named = row["feedback"]["finding"]
-            break
-        used += _counts(row["key"], row["feedback"])
+    outcome = optimize(home / name / "spec.toml", ledger, Budget(probes=probes, minutes=minutes),
+                       log=lambda line: None)
+    found = probes_until(ledger, outcome.run_id, CAUSES[name])
+    used, named = (found[0], found[1]["claim"]) if found else (None, None)
     best = outcome.best
-    return {"pack": name, "probes_before_cause": used if named else None, "cause": named,
+    return {"pack": name, "probes_to_cause": used, "cause": named,
             "cites": next((h.cites for h in outcome.hypotheses if h.claim == named), {}),
             "trials": [{k: t.get(k) for k in ("knobs", "status", "objective", "feasible", "why")} for t in outcome.trials],
             "best": None if best is None else {"knobs": best["knobs"], "objective": best["objective"],
@@ -62,7 +58,7 @@ def main() -> None:
     for name in args.packs:
         r = run_pack(name, args.probes, args.minutes)
         results.append(r)
-        print(f"{name}: cause named after {r['probes_before_cause']} probe runs ({r['seconds']:.0f} s in all)")
+        print(f"{name}: cause named after {r['probes_to_cause']} probe runs ({r['seconds']:.0f} s in all)")
         print(f"  {r['cause']}")
         for cite, value in r["cites"].items():
             print(f"    cites {cite} = {value:.4g}")

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infragent.agent.loop import Budget, optimize
+from infragent.agent.context import Budget
+from infragent.agent.core import optimize
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Target
 from infragent.lab.target import TargetDied, TargetError, TargetProcess, free_port, require_own_ports

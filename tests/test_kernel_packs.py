@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from infragent.agent.command_proposer import CommandProposer
-from infragent.agent.kernel_loop import optimize_kernel
+from infragent.agent.context import Budget
+from infragent.agent.core import optimize
 from infragent.agent.llm_proposer import LLMProposer
-from infragent.agent.loop import Budget, _counts
+from infragent.lab.trajectory import probes_until
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import PACKS, load_spec
 from scripted_llm import ScriptedLLM
@@ -43,8 +44,8 @@ def cited(ledger: Ledger, run_id: int, cite: str) -> float:
 
 def run_ladder(name: str, tmp_path: Path) -> tuple[Ledger, int, list]:
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    outcome = optimize_kernel(pack_copy(name, tmp_path) / "spec.toml", ledger, Budget(probes=5, minutes=10),
-                              log=lambda line: None)
+    outcome = optimize(pack_copy(name, tmp_path) / "spec.toml", ledger, Budget(probes=5, minutes=10),
+                       log=lambda line: None)
     return ledger, outcome.run_id, outcome.hypotheses
 
 
@@ -56,17 +57,14 @@ def run_ladder(name: str, tmp_path: Path) -> tuple[Ledger, int, list]:
 ])
 def test_the_ladder_names_the_true_cause_within_five_probes(pack: str, words: list[str], tmp_path: Path) -> None:
     ledger, run_id, hypotheses = run_ladder(pack, tmp_path)
-    rows = ledger.probe_results(run_id)
-    probes_before = 0
-    for row in rows:
-        if row["key"].startswith("hypothesis/") and all(w in row["feedback"]["finding"] for w in words):
-            break
-        probes_before += _counts(row["key"], row["feedback"])
-    else:
-        pytest.fail(f"no hypothesis says {words}: {[h.claim for h in hypotheses]}")
-    assert probes_before <= 5
-    for h in hypotheses:
-        assert h.cites, h.claim
+    named = probes_until(ledger, run_id, words)
+    assert named is not None, f"no supported hypothesis says {words}: {[h.claim for h in hypotheses]}"
+    used, hypothesis = named
+    assert used <= 5 and hypothesis["status"] == "supported"
+    assert all(r["probe"] != "hypothesis" for r in ledger.probe_results(run_id))  # hypotheses are their own records
+    settled = [h for h in hypotheses if h.status == "supported"]
+    for h in settled:
+        assert h.cites and h.settled_by in {r["key"] for r in ledger.probe_results(run_id)}, h.claim
         for cite, value in h.cites.items():
             assert cited(ledger, run_id, cite) == pytest.approx(value), cite
 
@@ -99,8 +97,8 @@ def test_llm_proposer_patch_rejected_on_regression_and_accepted_when_correct(tmp
     ledger = Ledger(tmp_path / "ledger.sqlite")
     with ScriptedLLM(script) as llm:
         proposer = LLMProposer(base_url=llm.base_url, model="scripted", api_key="")
-        outcome = optimize_kernel(pack / "spec.toml", ledger, Budget(probes=4 + 3 + 3, minutes=15), proposer,
-                                  log=lambda line: None)
+        outcome = optimize(pack / "spec.toml", ledger, Budget(probes=4 + 3 + 3 + 1, minutes=15), proposer,
+                           log=lambda line: None)
         gates_said = [m["content"] for m in llm.requests[-1]["messages"] if m["role"] == "tool"][-1]
     first, second = outcome.trials[:2]
     assert first["status"] == "measured" and not first["feasible"] and "time_ratio" in first["why"]
@@ -130,8 +128,8 @@ def test_command_proposer_patch_goes_through_the_gates(tmp_path: Path) -> None:
     script = tmp_path / "agent.py"
     script.write_text(COMMAND)
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    outcome = optimize_kernel(pack / "spec.toml", ledger, Budget(probes=4 + 3, minutes=10),
-                              CommandProposer([sys.executable, str(script)]), log=lambda line: None)
+    outcome = optimize(pack / "spec.toml", ledger, Budget(probes=4 + 3, minutes=10),
+                       CommandProposer([sys.executable, str(script)]), log=lambda line: None)
     trial = outcome.trials[0]
     records = {r["key"]: r["feedback"] for r in ledger.probe_results(outcome.run_id)}
     assert records["trial/0/check"]["verdict"] == "pass" and "bench" in records["trial/0/bench"]["probe"]
@@ -145,18 +143,17 @@ def test_command_proposer_patch_goes_through_the_gates(tmp_path: Path) -> None:
 def test_search_over_a_finite_knob_skips_the_baseline_and_stops_when_every_value_is_measured(tmp_path: Path) -> None:
     pack = pack_copy("kda-decode-padding", tmp_path)
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    outcome = optimize_kernel(pack / "spec.toml", ledger, Budget(probes=40, minutes=10), log=lambda line: None)
+    outcome = optimize(pack / "spec.toml", ledger, Budget(probes=40, minutes=10), log=lambda line: None)
     tiles = sorted(t["knobs"]["v_tile"] for t in outcome.trials)
     assert tiles == [16, 64, 128]  # 32 is the baseline: never measured against itself
     assert all(t["status"] == "measured" for t in outcome.trials)
     assert "every combination of the searched knobs was tried" in outcome.limits
-    keys = [r["key"] for r in ledger.probe_results(outcome.run_id)]
-    assert [k for k in keys if k.endswith("/outcome")] == ["trial/0/outcome", "trial/1/outcome", "trial/2/outcome"]
+    assert [c["trial"] for c in ledger.candidates(outcome.run_id)] == [0, 1, 2]
 
 
 def test_gates_reject_a_candidate_that_raises_or_does_not_import(tmp_path: Path) -> None:
     from infragent.agent.kernel_gates import run_gates
-    from infragent.agent.kernel_loop import _run_gates
+    from infragent.agent.kernel_target import KernelTarget
 
     base = pack_copy("tp-precision", tmp_path / "base")
     broken = pack_copy("tp-precision", tmp_path / "broken")
@@ -168,6 +165,7 @@ def test_gates_reject_a_candidate_that_raises_or_does_not_import(tmp_path: Path)
     assert result["feedback"]["check"]["verdict"] == "fail" and "kernel launch failed" in result["feedback"]["check"]["finding"]
     assert not result["feasible"] and all(j["verdict"] != "pass" for j in result["judgements"])
     kernel.write_text("def linear(:\n")
-    child = _run_gates(base / "spec.toml", broken, {"precision": "bf16x3"}, {"precision": "bf16"}, tmp_path / "g.json")
+    target = KernelTarget(spec, (base / "spec.toml").resolve())
+    child = target._run_gates(broken, {"precision": "bf16"}, tmp_path / "g.json", {"precision": "bf16x3"})
     finding = child["feedback"]["check"]["finding"]
     assert child["feasible"] is False and "did not finish" in finding and "SyntaxError" in finding

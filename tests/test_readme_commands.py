@@ -18,7 +18,7 @@ import torch
 
 from infragent.agent.kernel_gates import grade_bench, judge_kernel
 from infragent.agent.kernel_hypotheses import from_ladder
-from infragent.agent.kernel_loop import decision, trial_finding
+from infragent.agent.kernel_target import decision, trial_finding
 from infragent.analysis.stats import paired_ratio
 from infragent.lab.spec import Criterion
 from infragent.probes import bench as bench_probe

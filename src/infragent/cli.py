@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional, Tuple
+from pathlib import Path
+from typing import Any, List, Optional, Tuple
 
 import typer
+
+from infragent.engine.knobs import knob_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="infragent: an infrastructure agent for LLM inference, and the engine it tunes.")
@@ -15,45 +18,12 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-# quantization flags shared by generate, serve and quality (vLLM's names)
-KV_CACHE_DTYPE = typer.Option("auto", "--kv-cache-dtype", help="KV storage of every attention layer: auto (the "
-                              "model dtype), fp32, bf16, fp8 (e4m3) or int8; fp8/int8 keep a scale per block and head.")
-KV_CACHE_DTYPES = typer.Option(None, "--kv-cache-dtypes", help="One KV dtype per attention layer, comma-separated "
-                               "(overrides --kv-cache-dtype), e.g. int8,int8,bf16.")
-QUANTIZATION = typer.Option(None, "--quantization", help="w8a8 (int8 weights and activations) or int8-weight.")
-SMOOTHQUANT_ALPHA = typer.Option(None, "--smoothquant-alpha", help="w8a8: SmoothQuant migration strength "
-                                 "(0-1, e.g. 0.5), calibrated on held-out text at start-up.")
-
-
-SPECULATIVE = typer.Option(None, "--speculative", help="ngram (prompt lookup) or draft (the model's first 2 "
-                           "layers): drafts verified greedily in one forward (greedy requests; outputs unchanged).")
-NUM_SPECULATIVE_TOKENS = typer.Option(3, "--num-speculative-tokens", help="Drafts per step (K).")
-ROLLBACK = typer.Option("snapshot", "--rollback", help="KDA state after rejected drafts: snapshot (state per "
-                        "draft) or replayssm (per-token inputs replayed from a checkpoint).")
-
-
-TP = typer.Option(1, "--tp", "--tensor-parallel-size", help="Ranks sharing every layer (processes over gloo).")
-PP = typer.Option(1, "--pp", "--pipeline-parallel-size", help="Pipeline stages (processes holding runs of layers).")
-KERNELS = typer.Option("auto", "--kernels", help="Native C++ kernels for attention and norms: auto (where they "
-                       "build and apply), native (error if they cannot), torch (torch ops only).")
-TP_PRECISION = typer.Option("fp32", "--tp-partial-precision", help="Row-parallel partial sums: fp32, reduced "
-                            "(bf16 operands) or 3-pass (bf16x3 split).")
-
-
-def _spec_knobs(speculative: Optional[str], num_speculative_tokens: int, rollback: str) -> dict:
-    """EngineConfig fields from the speculative-decoding flags."""
-    return {"speculative": speculative, "num_speculative_tokens": num_speculative_tokens, "rollback": rollback}
-
-
-def _quant_knobs(kv_cache_dtype: str, kv_cache_dtypes: Optional[str], quantization: Optional[str],
-                 smoothquant_alpha: Optional[float]) -> dict:
-    """EngineConfig fields from the quantization flags."""
-    return {"kv_cache_dtype": kv_cache_dtype,
-            "kv_cache_dtypes": kv_cache_dtypes.split(",") if kv_cache_dtypes else None,
-            "quantization": quantization, "smoothquant_alpha": smoothquant_alpha}
+# the engine knobs quality takes: what it compares against fp32
+QUALITY_KNOBS = ("kv_cache_dtype", "kv_cache_dtypes", "quantization", "smoothquant_alpha")
 
 
 @app.command()
+@knob_options()
 def generate(
     prompts: List[str] = typer.Argument(..., help="One or more prompts."),
     model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
@@ -64,22 +34,8 @@ def generate(
     seed: Optional[int] = typer.Option(None),
     stop: List[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each prompt in the model's chat template."),
-    max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
-    max_num_batched_tokens: int = typer.Option(512, "--max-num-batched-tokens"),
-    block_size: int = typer.Option(16, "--block-size"),
-    dtype: str = typer.Option("float32"),
-    threads: Optional[int] = typer.Option(None, "--threads"),
-    kv_cache_dtype: str = KV_CACHE_DTYPE,
-    kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
-    quantization: Optional[str] = QUANTIZATION,
-    smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
-    speculative: Optional[str] = SPECULATIVE,
-    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
-    rollback: str = ROLLBACK,
-    tp: int = TP,
-    tp_partial_precision: str = TP_PRECISION,
-    pp: int = PP,
-    kernels: str = KERNELS,
+    *,
+    knobs: dict[str, Any],
 ) -> None:
     """Print the completion of each prompt (one per line block); errors go to stderr with exit status 2."""
     from infragent.engine.config import ConfigError
@@ -90,12 +46,7 @@ def generate(
                             seed=seed, stop=list(stop))
     try:
         params.validate()
-        llm = LLM(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  block_size=block_size, dtype=dtype, num_threads=threads,
-                  **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha),
-                  **_spec_knobs(speculative, num_speculative_tokens, rollback),
-                  tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision, pipeline_parallel_size=pp,
-                  kernels=kernels)
+        llm = LLM(model=model, **knobs)
         if chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
         else:
@@ -233,16 +184,15 @@ def analyze(
 
 
 @app.command()
+@knob_options(QUALITY_KNOBS)
 def quality(
     model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
-    kv_cache_dtype: str = KV_CACHE_DTYPE,
-    kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
-    quantization: Optional[str] = QUANTIZATION,
-    smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
     windows: int = typer.Option(32, "--windows", help="Held-out text windows for perplexity and KL."),
     window: int = typer.Option(256, "--window", help="Tokens per window."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts for greedy agreement."),
     as_json: bool = typer.Option(False, "--json"),
+    *,
+    knobs: dict[str, Any],
 ) -> None:
     """Quality gates of a quantized configuration vs fp32: perplexity, KL divergence, greedy agreement."""
     from infragent.engine.config import ConfigError, EngineConfig
@@ -250,7 +200,6 @@ def quality(
     from infragent.engine.quant.corpus import CorpusError
     from infragent.probes.quality import QualityPlan, quality as run_quality
 
-    knobs = _quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization, smoothquant_alpha)
     try:
         candidate = LLMEngine(EngineConfig(model=model, max_model_len=max(window, 64) + 32, **knobs))
         reference = LLMEngine(EngineConfig(model=model, max_model_len=max(window, 64) + 32))
@@ -263,43 +212,17 @@ def quality(
 
 
 @app.command()
+@knob_options()
 def serve(
     model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default)."),
     port: int = typer.Option(8000),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name"),
-    max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
-    max_num_batched_tokens: int = typer.Option(512, "--max-num-batched-tokens"),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
-    block_size: int = typer.Option(16, "--block-size"),
-    kv_cache_gb: float = typer.Option(0.5, "--kv-cache-gb"),
-    threads: Optional[int] = typer.Option(None, "--threads"),
     hybrid_config: Optional[str] = typer.Option(None, "--hybrid-config",
                                                 help='JSON sizes for the hybrid model, e.g. \'{"hidden_size": 256}\'.'),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get on SIGTERM."),
-    kv_layout: str = typer.Option("paged", "--kv-layout", help="paged or contiguous."),
-    gemm: str = typer.Option("torch", "--gemm", help="torch, blas or blas-gil-held (native BLAS via ctypes)."),
-    kv_transfer: bool = typer.Option(False, "--kv-transfer", help="Send prefill KV to a store on a transfer thread."),
-    kv_transfer_mode: str = typer.Option("layerwise", "--kv-transfer-mode", help="layerwise or after_prefill."),
-    kv_transfer_impl: str = typer.Option("serialize", "--kv-transfer-impl", help="serialize (per-block packing, "
-                                         "holds the GIL) or bulk (native copies that release it)."),
-    kv_cache_dtype: str = KV_CACHE_DTYPE,
-    kv_cache_dtypes: Optional[str] = KV_CACHE_DTYPES,
-    quantization: Optional[str] = QUANTIZATION,
-    smoothquant_alpha: Optional[float] = SMOOTHQUANT_ALPHA,
-    speculative: Optional[str] = SPECULATIVE,
-    num_speculative_tokens: int = NUM_SPECULATIVE_TOKENS,
-    rollback: str = ROLLBACK,
-    tp: int = TP,
-    tp_partial_precision: str = TP_PRECISION,
-    pp: int = PP,
-    kernels: str = KERNELS,
-    kda_decode_impl: str = typer.Option("vectorized", "--kda-decode-impl", help="KDA decode step: vectorized or "
-                                        "reference (loop)."),
-    kda_bv_tile: Optional[int] = typer.Option(None, "--kda-bv-tile", help="KDA decode: V tile width."),
-    kda_head_split: int = typer.Option(1, "--kda-head-split", help="KDA decode: head groups."),
     disagg: bool = typer.Option(False, "--disagg", help="Disaggregate: a router, prefill and decode worker "
                                 "processes, KV through a store (layer-wise with --kv-transfer-mode)."),
     prefill_workers: int = typer.Option(1, "--prefill-workers", help="--disagg: prefill worker processes."),
@@ -308,6 +231,10 @@ def serve(
     transfer_timeout: float = typer.Option(60.0, "--transfer-timeout", help="--disagg: seconds a request may "
                                            "spend in prefill + KV transfer, in waiting for admission, or "
                                            "between two tokens before it fails."),
+    print_config: bool = typer.Option(False, "--print-config", help="Print the resolved engine config as JSON "
+                                      "and exit, without loading the model."),
+    *,
+    knobs: dict[str, Any],
 ) -> None:
     """Serve the engine over an OpenAI-compatible HTTP API."""
     import json
@@ -321,16 +248,14 @@ def serve(
 
     try:
         hybrid = HybridConfig(**json.loads(hybrid_config)) if hybrid_config else HybridConfig()
-        config = EngineConfig(model=model, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              max_model_len=max_model_len, block_size=block_size, kv_cache_gb=kv_cache_gb,
-                              num_threads=threads, kv_layout=kv_layout, gemm=gemm, kv_transfer=kv_transfer,
-                              kv_transfer_mode=kv_transfer_mode, kv_transfer_impl=kv_transfer_impl,
-                              hybrid=hybrid, **_quant_knobs(kv_cache_dtype, kv_cache_dtypes, quantization,
-                                                            smoothquant_alpha),
-                              **_spec_knobs(speculative, num_speculative_tokens, rollback),
-                              kda_decode_impl=kda_decode_impl, kda_bv_tile=kda_bv_tile, kda_head_split=kda_head_split,
-                              tensor_parallel_size=tp, tp_partial_precision=tp_partial_precision,
-                              pipeline_parallel_size=pp, kernels=kernels)
+        config = EngineConfig(model=model, hybrid=hybrid, **knobs)
+        if print_config:
+            typer.echo(config.to_json())
+            return
+        import infragent
+
+        logging.getLogger("infragent.serve").info("engine config: %s", config.to_json())
+        logging.getLogger("infragent.serve").info("engine code: %s", Path(infragent.__file__).resolve().parent)
         split = (DisaggConfig(prefill_workers, decode_workers, kv_store, transfer_timeout) if disagg else None)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
                              log_level="info", disagg=split)
@@ -401,7 +326,8 @@ def optimize(
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and print the plan; run nothing."),
     proposer: str = typer.Option("search", "--proposer", help="search (Optuna over the suspect knobs), llm (an "
                                  "OpenAI-compatible model with tools) or command (an external program: JSON on stdin, "
-                                 "a patch out); llm and command patch kernel targets in a git worktree."),
+                                 "a patch out); llm and command patch the target's code (kernel folders, or [target] code = PATH) in a "
+                                 "git worktree, never the user's tree."),
     command: Optional[str] = typer.Option(None, "--command", help="The program for --proposer command."),
     llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", help="Default: $INFRAGENT_LLM_BASE_URL or "
                                                "$OPENAI_BASE_URL."),
@@ -410,10 +336,13 @@ def optimize(
     budget_minutes: float = typer.Option(8.0, "--budget-minutes", help="Stop starting trials after this long."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue an interrupted run."),
     ledger_path: str = typer.Option(".infragent/ledger.sqlite", "--ledger"),
+    feedback: str = typer.Option("ladder", "--feedback", help="ladder (default: diagnosis, then each proposal "
+                                 "through the cheapest probes first) or e2e-only (every proposal judged end to end "
+                                 "only: the ablation of the ladder)."),
 ) -> None:
     """Optimize a target within a spec's criteria: trace, hypotheses, proposals through check, local A/B,
     end-to-end and criteria; everything in the ledger; a summary and an HTML report at the end."""
-    from infragent.agent.loop import Budget
+    from infragent.agent.context import FEEDBACK_MODES, Budget
     from infragent.agent.summary import run_optimize
     from infragent.lab.spec import SpecError, load_spec, plan, resolve_spec
 
@@ -425,12 +354,14 @@ def optimize(
         return
     for line in plan(parsed):
         typer.echo(line)
+    if feedback not in FEEDBACK_MODES:
+        _fail(f"--feedback {feedback}: choose one of {', '.join(FEEDBACK_MODES)}")
     if dry_run:
         return
     try:
         code_proposer = _code_proposer(proposer, command, llm_base_url, llm_model)
         run_optimize(path, _ledger_path(ledger_path, export_artifacts=True), Budget(budget_probes, budget_minutes),
-                     resume, code_proposer)
+                     resume, code_proposer, feedback)
     except (ValueError, RuntimeError) as err:
         _fail(str(err))
 
@@ -540,9 +471,14 @@ def show(
     results = book.probe_results(run_id)
     from infragent.lab.criteria import describe
 
+    from infragent.lab.trajectory import chains
+
     launches = book.launches(run_id)
+    hypotheses = chains(book, run_id)
+    candidates = book.candidates(run_id)
     if as_json:
-        typer.echo(_json.dumps({"run": row, "launches": launches, "probes": results}, indent=2))
+        typer.echo(_json.dumps({"run": row, "launches": launches, "hypotheses": hypotheses, "candidates": candidates,
+                                "probes": results}, indent=2))
         return
     typer.echo(f"run {run_id}: {row['kind']} {row['status']} spec={row['spec_path']}")
     if row.get("note"):
@@ -556,6 +492,17 @@ def show(
             if j.get("metric") and "ci" in j:
                 typer.echo(f"      {j['verdict'].upper():12s} {j['metric']} [{j.get('phase')}, bucket "
                            f"{j.get('bucket')}] {describe(j)}")
+    if hypotheses:
+        typer.echo("hypotheses (hypothesis -> probe -> verdict -> decision):")
+    for h in hypotheses:
+        probe = (f"{h['settled_by']} {h['probe_verdict'].upper()}" if h["settled_by"] and h["probe_verdict"]
+                 else f"{h['probe']} (not run on the baseline)")
+        typer.echo(f"  {h['key']:14s} {h['claim']}\n      -> {probe} -> {h['status'].upper()} -> {h['decision']}")
+    for c in candidates:
+        accepted = c["status"] == "measured" and c["feasible"]
+        typer.echo(f"  candidate trial/{c['trial']} ({c.get('proposer', 'search')}"
+                   + (f", tests {c['hypothesis']}" if c.get("hypothesis") else "") + f"): "
+                   + ("ACCEPTED" if accepted else c["status"].upper()) + f": {c['why'][:300]}")
 
 
 @app.command()

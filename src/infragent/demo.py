@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from infragent.agent.loop import Budget
+from infragent.agent.context import Budget
 from infragent.agent.summary import run_optimize
 from infragent.lab.spec import resolve_spec
 

@@ -2,7 +2,8 @@
 
 The program runs in the workspace's source folder with the JSON context on stdin (plus `workspace` and
 `root`, the worktree's top and source folder). It either prints a unified diff, prints a JSON object
-`{"patch": ..., "rationale": ...}`, or edits the files in place (then the worktree's diff is the patch).
+`{"patch": ..., "rationale": ..., "hypothesis": "hypothesis/N"}`, or edits the files in place (then the
+worktree's diff is the patch). A proposal that names no hypothesis tests the first supported (else open) one.
 """
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import json
 import shlex
 from typing import Any
 
-from infragent.agent.proposal import Proposal, ProposalError, truncate
-from infragent.agent.workspace import Workspace, WorkspaceError
+from infragent.agent.proposal import Proposal, ProposalContext, ProposalError, truncate
+from infragent.agent.workspace import WorkspaceError
 
 
 class CommandProposer:
     """Runs an outside program that proposes one patch per call."""
 
     name = "command"
+    edits_code = True
 
     def __init__(self, command: str | list[str], timeout_s: float = 600, memory_gb: float | None = None) -> None:
         self.argv = shlex.split(command) if isinstance(command, str) else list(command)
@@ -27,9 +29,11 @@ class CommandProposer:
         self.timeout_s = timeout_s
         self.memory_gb = memory_gb  # None by default: agents on Node or Go reserve far more address space than they use
 
-    def propose(self, context: dict[str, Any], workspace: Workspace) -> Proposal:
+    def propose(self, context: ProposalContext) -> Proposal:
         """Run the command once in the workspace; its patch, applied there."""
-        payload = {**context, "workspace": str(workspace.path), "root": str(workspace.root)}
+        workspace = context.workspace
+        assert workspace is not None
+        payload = {**context.info, "workspace": str(workspace.path), "root": str(workspace.root)}
         env = {"INFRAGENT_WORKSPACE": str(workspace.path), "INFRAGENT_ROOT": str(workspace.root)}
         try:
             done = workspace.run(self.argv, self.timeout_s, self.memory_gb, env=env, cwd=workspace.root,
@@ -45,7 +49,7 @@ class CommandProposer:
         if done.rc != 0:
             raise ProposalError(f"proposer command `{self.command}` failed with rc {done.rc}; stderr: {stderr}",
                                 transcript)
-        printed, rationale = _read_output(done.stdout)
+        printed, rationale, hypothesis = _read_output(done.stdout)
         if printed:
             if workspace.diff():
                 raise ProposalError(f"proposer command `{self.command}` both edited files and printed a patch: "
@@ -60,11 +64,25 @@ class CommandProposer:
             raise ProposalError(f"proposer command `{self.command}` (rc {done.rc}) changed nothing: print a unified "
                                 f"diff or a JSON object with 'patch', or edit files under {workspace.root}; "
                                 f"stderr: {stderr}", transcript)
-        return Proposal(patch, rationale or f"patch from `{self.command}`", self.name, transcript, done.seconds)
+        return Proposal(patch, rationale or f"patch from `{self.command}`", self.name, transcript, done.seconds,
+                        hypothesis=hypothesis or _first_open(context))
+
+    def tell(self, result: dict[str, Any]) -> None:
+        """Nothing to learn: the next call's context lists every earlier trial."""
 
 
-def _read_output(stdout: str) -> tuple[str, str]:
-    """(patch, rationale) from a program's stdout: a JSON object, a unified diff (after any chatter), or neither."""
+def _first_open(context: ProposalContext) -> str | None:
+    """The hypothesis a proposal tests when its proposer does not say: the first supported, else open, one."""
+    for status in ("supported", "open"):
+        for h in context.hypotheses:
+            if h.status == status:
+                return h.key
+    return None
+
+
+def _read_output(stdout: str) -> tuple[str, str, str | None]:
+    """(patch, rationale, hypothesis key) from a program's stdout: a JSON object, a unified diff (after any
+    chatter), or neither."""
     text = stdout.strip()
     if text.startswith("{"):
         try:
@@ -72,10 +90,11 @@ def _read_output(stdout: str) -> tuple[str, str]:
         except json.JSONDecodeError:
             reply = None
         if isinstance(reply, dict):
-            return str(reply.get("patch") or ""), str(reply.get("rationale") or "")
+            return (str(reply.get("patch") or ""), str(reply.get("rationale") or ""),
+                    str(reply["hypothesis"]) if reply.get("hypothesis") else None)
     lines = stdout.splitlines(keepends=True)
     for i, line in enumerate(lines):
         is_header = line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
         if line.startswith("diff --git ") or is_header:
-            return "".join(lines[i:]), ""
-    return "", ""
+            return "".join(lines[i:]), "", None
+    return "", "", None

@@ -1,5 +1,7 @@
-"""From findings to hypotheses: what might be slow, which knobs could change it, the cheapest probe that
-could refute it, and the largest effect it could have (Amdahl: removing a span saves at most its share).
+"""Hypotheses: testable claims about where time or error goes, each with its locality (spans, knobs, thread,
+kernel), the cheapest probe that could refute it, and its prediction (Amdahl: removing a span saves at most
+its share). A hypothesis is posed open and settled by the probe it names: supported, refuted or
+inconclusive. Here also: hypotheses from a trace's analysis.
 """
 from __future__ import annotations
 
@@ -23,6 +25,16 @@ class Hypothesis:
     predicted: str  # the effect it predicts, as an upper bound where one exists
     evidence: list[str] = field(default_factory=list)
     cites: dict[str, float] = field(default_factory=dict)  # "LEDGER_KEY:path/in/its/feedback" -> the number
+    locality: dict[str, str] = field(default_factory=dict)  # thread, kernel, file: where a change should go
+    key: str = ""  # its ledger key, hypothesis/N
+    status: str = "open"  # open | supported | refuted | inconclusive
+    settled_by: str = ""  # the ledger key of the probe record that settled it
+    verdict: str = ""  # that probe's finding, as it bears on the claim
+
+    def settle(self, status: str, record_key: str, finding: str) -> "Hypothesis":
+        """Mark the hypothesis supported, refuted or inconclusive by the probe record at record_key."""
+        self.status, self.settled_by, self.verdict = status, record_key, finding
+        return self
 
 
 def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis]:

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from infragent.agent.kernel_target import load_kernel_target
+from infragent.agent.kernel_code import load_kernel_code
 from infragent.lab.criteria import Judgement, judge_interval
 from infragent.lab.spec import Criterion, Spec, load_spec
 from infragent.probes.bench import DECIDE_CONFIDENCE, run_bench
@@ -30,8 +30,8 @@ GATE_OF = {"rel_error": "check", **{metric: gate for gate, metric in BENCH_CRITE
 
 def run_gates(spec: Spec, root: Path, baseline_root: Path, knobs: dict, baseline_knobs: dict) -> dict[str, Any]:
     """The gates in order, stopping at the first that fails; feedback per gate, judgements, objective."""
-    base = load_kernel_target(spec.target, baseline_root, baseline_knobs)
-    cand = load_kernel_target(spec.target, root, knobs)
+    base = load_kernel_code(spec.target, baseline_root, baseline_knobs)
+    cand = load_kernel_code(spec.target, root, knobs)
     candidate = cand.bind(knobs)
     feedback: dict[str, Feedback] = {}
 

@@ -1,14 +1,18 @@
-"""From a kernel target's ladder to hypotheses: a precision gap under partitioning, work redone per tile,
-a thread starved of the GIL, and the distance to the reference. Every number a claim cites is named by its
-ledger key and its path inside that record's Feedback ("ladder/check:numbers/max_rel_err/value"), so a
-reader (or a test) can find it there.
+"""A kernel target's diagnosis: the questions its probes raise (a precision gap under partitioning, work
+redone per tile, a thread starved of the GIL, the distance to the reference), each posed when a finding or a
+next_probes suggestion calls for it and settled by the probe that can refute it. Every number a settled
+claim cites is named by its ledger key and its path inside that record's Feedback
+("ladder/check:numbers/max_rel_err/value"), so a reader (or a test) can find it there.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
+from infragent.agent.dispatch import probes_in
 from infragent.agent.hypotheses import Hypothesis
 from infragent.lab.spec import Knob
+from infragent.probes.feedback import Feedback
 from infragent.probes.precision import likely_precision
 
 Record = dict[str, Any]  # a Feedback as the ledger keeps it
@@ -23,14 +27,48 @@ def _knobs_for(tags: list[str], knobs: dict[str, Knob]) -> list[str]:
     return [n for n, k in knobs.items() if set(k.touches) & set(tags)]
 
 
-def from_ladder(results: dict[str, Record], knobs: dict[str, Knob]) -> list[Hypothesis]:
-    """Hypotheses from the ladder's records (keyed ladder/check, ladder/roofline, ladder/trace, ...)."""
-    found = []
-    for make in (_precision_gap, _redone_work, _gil_starvation, _reference_gap):
-        h = make(results, knobs)
-        if h is not None:
-            found.append(h)
-    return found
+# question -> (the probe that settles it, the claim while open, what it predicts)
+QUESTIONS = {
+    "precision": ("check", "the candidate computes with less precision than the reference where it is partitioned",
+                  "a precision that recovers FP32 accuracy makes the check pass"),
+    "reference-gap": ("bench_reference", "the candidate is slower than the reference",
+                      "matching the reference's work closes the gap"),
+    "redone-work": ("roofline", "work the trace shows repeated per call is redundant against the reference",
+                    "removing the redundant work saves its share of FLOPs"),
+    "gil": ("gil", "one thread is starved of the GIL while another runs",
+            "releasing the GIL in the holding call lets the starved thread overlap it"),
+}
+
+
+class KernelDiagnostics:
+    """The diagnosis of a kernel target's baseline: check and a trace first, then what they call for."""
+
+    observe = ["check", "trace"]
+
+    def __init__(self, probes: dict[str, Callable[[], Feedback]], knobs: dict[str, Knob]) -> None:
+        self.probes, self.knobs = probes, knobs
+
+    def pose(self, results: dict[str, Record]) -> list[Hypothesis]:
+        """A question per probe the findings name: the check's failure, then every next_probes suggestion."""
+        asked = ["precision"] if results.get("ladder/check", {}).get("verdict") == "fail" else []
+        named = probes_in([text for r in results.values() for text in r.get("next_probes", [])])
+        asked += [q for q, (probe, _, _) in QUESTIONS.items()
+                  if q != "precision" and probe.split("_")[0] in named and probe in self.probes]
+        if results.get("ladder/trace", {}).get("details", {}).get("redone"):
+            asked.append("redone-work")
+        return [Hypothesis(claim=QUESTIONS[q][1], spans=[], knobs=[], probe=QUESTIONS[q][0],
+                           predicted=QUESTIONS[q][2], locality={"question": q}) for q in dict.fromkeys(asked)]
+
+    def settle(self, probe: str, hypothesis: Hypothesis, results: dict[str, Record]) -> Hypothesis:
+        """Supported with the claim the records support (and what it cites), refuted, or inconclusive."""
+        record = results[f"ladder/{probe}"]
+        question = hypothesis.locality["question"]
+        found = SETTLE[question](results, self.knobs)
+        if found is not None:
+            settled = replace(found, key=hypothesis.key, locality={**found.locality, "question": question})
+            return settled.settle("supported", f"ladder/{probe}", record["finding"])
+        status = "inconclusive" if record["verdict"] == "inconclusive" else "refuted"
+        return hypothesis.settle(status, f"ladder/{probe}", record["finding"])
 
 
 def _precision_gap(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothesis | None:
@@ -108,7 +146,7 @@ def _gil_starvation(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypot
     trace, gil = results.get("ladder/trace"), results.get("ladder/gil")
     never = (trace or {}).get("details", {}).get("never_overlapping", [])
     starving = (gil or {}).get("locality", {})
-    if not never and "thread" not in starving:
+    if "thread" not in starving:  # never overlapping alone is a question for the GIL probe, not an answer
         return None
     parts, cites, spans = [], {}, []
     if "thread" in starving:
@@ -168,3 +206,8 @@ def span_kind(ops: dict[str, list[Any]], kinds: dict[str, str]) -> str:
              for kind, group in (("recomputed", ("recomputed", "not in the reference")), ("inflated", ("inflated",)))}
     kind = max(share, key=share.get)
     return kind if share[kind] >= 0.5 else "needed"
+
+
+SETTLE: dict[str, Callable[[dict[str, Record], dict[str, Knob]], Hypothesis | None]] = {
+    "precision": _precision_gap, "reference-gap": _reference_gap, "redone-work": _redone_work,
+    "gil": _gil_starvation}

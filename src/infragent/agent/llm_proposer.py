@@ -12,12 +12,11 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from infragent.agent.proposal import Proposal, ProposalError, truncate
+from infragent.agent.command_proposer import _first_open
+from infragent.agent.proposal import Probe, Proposal, ProposalContext, ProposalError, truncate
 from infragent.agent.workspace import Workspace, WorkspaceError
-
-Probe = Callable[[dict], str]
 
 SYSTEM_PROMPT = """\
 You improve the performance of code under optimization. The user message is a JSON context: the hypothesis \
@@ -25,9 +24,11 @@ about where time goes, the evidence behind it, and `root`, the folder holding th
 are relative to the top of a private git worktree; `root_relative` is that folder's path in it).
 
 Make ONE focused change under the root folder that addresses the stated hypothesis. Keep every output \
-correct: the same results, within the stated tolerances. Read before you edit, edit with exact text, run \
-the tests, and use run_probe (e.g. "check" for correctness, "bench" for a quick A/B) when it is offered. \
-When the change is done, call `finish` with a short rationale: what you changed and why it should be faster."""
+correct: the same results, within the stated tolerances. Read before you edit, edit with exact text, and run \
+the tests.{probes} When the change is done, call `finish` with a short rationale: what you changed and why it \
+should be faster."""
+PROBES_LINE = " run_probe runs one of the loop's probes on your worktree as it stands ({names}); each run is \
+charged to the run's probe budget, so use them to refute a change before you finish, not to explore."
 
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", "node_modules", ".venv"}
 _MAX_LISTED = 400
@@ -54,16 +55,27 @@ TOOLS = [
           {"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
     _tool("run_tests", "Run `python -m pytest -q -x <args>` from the worktree top (default: the tests under the "
           "root folder).", {"args": {"type": "array", "items": {"type": "string"}, "default": []}}, []),
-    _tool("run_probe", "Run one of the loop's probes (e.g. check, bench) on the current code; its verdict as text.",
-          {"name": {"type": "string"}, "arguments": {"type": "object", "default": {}}}, ["name"]),
     _tool("finish", "Declare the change done.", {"rationale": {"type": "string"}}, ["rationale"]),
 ]
+
+
+def tools_for(probes: dict[str, Probe]) -> list[dict[str, Any]]:
+    """The tools the model gets: the file tools, run_probe naming exactly the probes it may run, finish."""
+    if not probes:
+        return TOOLS
+    run_probe = _tool("run_probe", "Run one of the loop's probes on the worktree as it stands; its verdict as text. "
+                      "Probes: " + "; ".join(f"{n}: {(p.__doc__ or '').strip().splitlines()[0] if p.__doc__ else n}"
+                                            for n, p in sorted(probes.items())),
+                      {"name": {"type": "string", "enum": sorted(probes)},
+                       "arguments": {"type": "object", "default": {}}}, ["name"])
+    return TOOLS[:-1] + [run_probe, TOOLS[-1]]
 
 
 class LLMProposer:
     """Asks a model, through tool calls, for one focused change in the workspace."""
 
     name = "llm"
+    edits_code = True
 
     def __init__(self, base_url: str | None = None, model: str | None = None, api_key: str | None = None,
                  max_turns: int = 20, tool_output_limit: int = 4000, test_timeout_s: float = 300) -> None:
@@ -80,23 +92,26 @@ class LLMProposer:
         self.tool_output_limit = tool_output_limit
         self.test_timeout_s = test_timeout_s
 
-    def propose(self, context: dict[str, Any], workspace: Workspace,
-                probes: dict[str, Probe] | None = None) -> Proposal:
+    def propose(self, context: ProposalContext) -> Proposal:
         """Let the model edit the workspace until it calls finish; the resulting diff."""
         from openai import APIError, OpenAI
 
+        workspace = context.workspace
+        assert workspace is not None
         started = time.perf_counter()
         client = OpenAI(base_url=self.base_url, api_key=self.api_key)
-        tools = _Tools(workspace, probes or {}, self.test_timeout_s)
+        tools = _Tools(workspace, context.probes, self.test_timeout_s)
         root_relative = workspace.root.relative_to(workspace.path).as_posix()
-        payload = {**context, "root": str(workspace.root), "root_relative": root_relative}
+        payload = {**context.info, "root": str(workspace.root), "root_relative": root_relative}
+        names = ", ".join(sorted(context.probes))
+        prompt = SYSTEM_PROMPT.format(probes=PROBES_LINE.format(names=names) if names else "")
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": prompt},
             {"role": "user", "content": json.dumps(payload, indent=2, default=str)}]
         rationale = None
         for _ in range(self.max_turns):
             try:
-                response = client.chat.completions.create(model=self.model, messages=messages, tools=TOOLS,
+                response = client.chat.completions.create(model=self.model, messages=messages, tools=tools_for(context.probes),
                                                           tool_choice="auto")
             except APIError as e:
                 raise ProposalError(f"the LLM server at {self.base_url} (model {self.model}) failed: {e}",
@@ -127,7 +142,10 @@ class LLMProposer:
         if not patch:
             raise ProposalError("the model finished without changing anything", messages)
         return Proposal(patch, rationale.strip() or "(no rationale given)", self.name, messages,
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, hypothesis=_first_open(context))
+
+    def tell(self, result: dict[str, Any]) -> None:
+        """Nothing to learn: the next call's context lists every earlier trial."""
 
 
 class _Tools:
@@ -150,7 +168,7 @@ class _Tools:
             return "finished", str(parsed.get("rationale", ""))
         method = getattr(self, f"tool_{name}", None)
         if method is None:
-            names = ", ".join(t["function"]["name"] for t in TOOLS)
+            names = ", ".join([t["function"]["name"] for t in TOOLS] + (["run_probe"] if self.probes else []))
             return f"error: no tool named {name!r}; the tools are {names}", None
         try:
             return method(**parsed), None

@@ -2,7 +2,10 @@
 
 TPE by default; CMA-ES when every searched knob is continuous (float). Criteria are constraints: a trial
 that failed one is told to Optuna as infeasible (constraint value > 0), so the sampler learns where the
-feasible region is rather than treating a fast-but-wrong trial as good.
+feasible region is rather than treating a fast-but-wrong trial as good. The baseline and tried points are
+never proposed again: in a finite space the next untried point takes their place, and the search ends
+(SearchDone) when none is left or it keeps landing on tried points. A refuted hypothesis closes its knobs:
+they stay at their defaults from then on.
 """
 from __future__ import annotations
 
@@ -11,18 +14,23 @@ from typing import Any
 
 import optuna
 
+from infragent.agent.proposal import Proposal, ProposalContext, SearchDone
 from infragent.lab.spec import Knob
 
 optuna.logging.set_verbosity(logging.WARNING)
+
+MAX_REPEATS = 3  # consecutive proposals of already-tried knob values before the search stops
 
 
 class SearchProposer:
     """Asks for knob values, learns from (objective, feasible) told back. Higher objective is better."""
 
     name = "search"
+    edits_code = False
 
     def __init__(self, knobs: dict[str, Knob], suspects: list[str] | None = None, seed: int = 0) -> None:
         self.all_knobs = knobs
+        self.suspects = suspects
         chosen = {n: k for n, k in knobs.items() if suspects is None or set(k.touches) & set(suspects)}
         self.knobs = chosen or dict(knobs)  # nothing matched the suspects: search everything
         self.fixed = {n: k.default for n, k in knobs.items() if n not in self.knobs and k.default is not None}
@@ -35,6 +43,7 @@ class SearchProposer:
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
         self._open: dict[int, optuna.Trial] = {}
+        self._proposed: dict[int, dict[str, Any]] = {}
 
     def start_from(self, values: dict[str, Any]) -> None:
         """Make the first proposal a known point (e.g. the spec's defaults, to learn from the baseline)."""
@@ -51,16 +60,64 @@ class SearchProposer:
         seen = [{n: m.get(n) for n in self.knobs} for m in measured]
         return next(({**self.fixed, **point} for point in grid if point not in seen), None)
 
-    def propose(self) -> tuple[int, dict[str, Any]]:
+    def propose(self, context: ProposalContext) -> Proposal:
+        """The next untried knob values (never the baseline's); SearchDone when there are none."""
+        tried = [t["knobs"] for t in context.trials] + [context.baseline_knobs]
+        for repeat in range(MAX_REPEATS + 1):
+            number, knobs = self.ask()
+            if knobs not in tried:
+                return Proposal(knobs=knobs, proposer=self.name, rationale=self._why(),
+                                hypothesis=_tested(context, knobs))
+            seen = next((t for t in context.trials if t["knobs"] == knobs), {"status": "baseline"})
+            self._told(number, seen)  # the sampler learns it again; nothing spent
+            fresh = self.unmeasured(tried)
+            if fresh is not None:
+                self.start_from(fresh)
+            elif self.finite:
+                raise SearchDone("every combination of the searched knobs was tried")
+        raise SearchDone(f"the search proposed tried points {MAX_REPEATS + 1} times in a row")
+
+    def tell(self, result: dict[str, Any]) -> None:
+        """A candidate's result; one this search did not propose (replayed on resume) is taught as a known point."""
+        number = next((n for n, knobs in self._proposed.items() if knobs == result["knobs"]), None)
+        if number is None:
+            self.start_from(result["knobs"])
+            number, _ = self.ask()
+        self._told(number, result)
+
+    def close(self, knobs: list[str]) -> list[str]:
+        """Stop searching these knobs (a refuted direction): they keep their defaults. Returns those closed;
+        the last searched knob is never closed."""
+        closed = [n for n in knobs if n in self.knobs and len(self.knobs) > 1]
+        for name in closed:
+            del self.knobs[name]
+            if self.all_knobs[name].default is not None:
+                self.fixed[name] = self.all_knobs[name].default
+        self.finite = all(_finite_values(k) is not None for k in self.knobs.values())
+        return closed
+
+    def _why(self) -> str:
+        return (f"knob values for {', '.join(self.knobs)}" + (f" (acting on {', '.join(self.suspects[:4])})"
+                                                              if self.suspects else ""))
+
+    def _told(self, number: int, result: dict[str, Any]) -> None:
+        self._proposed.pop(number, None)
+        if result.get("status") == "measured":
+            self.tell_objective(number, result["objective"], result["feasible"])
+        else:
+            self.reject(number)
+
+    def ask(self) -> tuple[int, dict[str, Any]]:
         """(trial number, knob values); the values include the fixed knobs."""
         trial = self.study.ask()
         values = dict(self.fixed)
         for name, knob in self.knobs.items():
             values[name] = _suggest(trial, name, knob)
         self._open[trial.number] = trial
+        self._proposed[trial.number] = values
         return trial.number, values
 
-    def tell(self, number: int, objective: float, feasible: bool) -> None:
+    def tell_objective(self, number: int, objective: float, feasible: bool) -> None:
         """Report a trial's objective (higher is better) and whether it met every criterion."""
         trial = self._open.pop(number)
         trial.set_constraint("criteria", 0.0 if feasible else 1.0)  # > 0: infeasible (a criterion failed)
@@ -89,4 +146,13 @@ def _finite_values(knob: Knob) -> list[Any] | None:
         return [False, True]
     if knob.type == "int" and knob.domain[1] - knob.domain[0] <= 16:
         return list(range(int(knob.domain[0]), int(knob.domain[1]) + 1))
+    return None
+
+
+def _tested(context: ProposalContext, knobs: dict[str, Any]) -> str | None:
+    """The hypothesis whose knobs this point changes from the baseline (the first open or supported one)."""
+    changed = {n for n, v in knobs.items() if context.baseline_knobs.get(n) != v}
+    for h in context.hypotheses:
+        if h.status in ("open", "supported") and changed & set(h.knobs):
+            return h.key
     return None

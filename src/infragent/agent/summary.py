@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infragent.agent.kernel_loop import optimize_kernel
-from infragent.agent.loop import Budget, Outcome, optimize
+from infragent.agent.context import Budget
+from infragent.agent.core import Outcome, optimize
 from infragent.lab.criteria import describe
-from infragent.lab.spec import load_spec
 from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import interrupt_on_sigterm
 from infragent.lab.report import write_report
@@ -33,26 +32,21 @@ def summary_lines(outcome: Outcome) -> list[str]:
             lines.append(f"  {j['verdict'].upper():4s} {where} {describe(j)}")
     for limit in outcome.limits:
         lines.append(f"limited by: {limit}")
-    for h in outcome.hypotheses[:5]:
-        lines.append(f"hypothesis: {h.claim} (probe {h.probe}; {h.predicted})")
+    for h in outcome.hypotheses[:6]:
+        said = f" by {h.settled_by}" if h.settled_by else f" (probe {h.probe}; {h.predicted})"
+        lines.append(f"hypothesis {h.key} {h.status}{said}: {h.claim}")
     return lines
 
 
 def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget, resume: int | None = None,
-                 proposer: Any = None) -> Outcome:
-    """Run the loop (serving or kernel target), print its trajectory and summary, write the report.
+                 proposer: Any = None, feedback: str = "ladder") -> Outcome:
+    """Run the loop, print its trajectory and summary, write the report.
 
-    proposer: None for the search proposer, or a code proposer (llm, command; kernel targets only)."""
+    proposer: None for the search proposer, or a code proposer (llm, command)."""
     ledger = Ledger(ledger_path)
     interrupt_on_sigterm()
     try:
-        if load_spec(spec_path).target.kind == "kernel":
-            outcome = optimize_kernel(spec_path, ledger, budget, proposer, resume)
-        else:
-            if proposer is not None:
-                raise ValueError(f"--proposer {proposer.name}: code proposers need a kernel target (a patchable "
-                                 "folder); serving targets are tuned by knobs with --proposer search")
-            outcome = optimize(spec_path, ledger, budget, resume)
+        outcome = optimize(spec_path, ledger, budget, proposer, resume, feedback=feedback)
     except KeyboardInterrupt:
         raise SystemExit(130) from None  # the run's note (what was stopped, how to resume) is already printed
     print()

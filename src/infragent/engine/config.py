@@ -1,13 +1,16 @@
 """EngineConfig: every engine knob in one typed, validated place."""
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MODELS = ("llama", "hybrid")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "bfloat16")  # torch dtype names (torch is imported when the engine needs it)
 KV_LAYOUTS = ("paged", "contiguous")
 GEMMS = ("torch", "blas", "blas-gil-held")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp8", "int8")  # auto: the model's dtype
@@ -18,6 +21,12 @@ ROLLBACKS = ("snapshot", "replayssm")
 
 class ConfigError(ValueError):
     """A knob has a value the engine cannot run with; the message names the knob."""
+
+
+def _knob(default: Any, flag: str, help: str, *aliases: str) -> Any:
+    """A launch knob field: its `infragent serve` flag, aliases and help ride in the field's metadata
+    (engine/knobs.py builds the command line from them)."""
+    return field(default=default, metadata={"flag": flag, "aliases": aliases, "help": help})
 
 
 @dataclass
@@ -48,43 +57,69 @@ class HybridConfig:
 
 @dataclass
 class EngineConfig:
-    """The engine's launch knobs (names follow vLLM where one exists)."""
+    """The engine's launch knobs (names follow vLLM where one exists); model, gguf_path and hybrid are set
+    by their own options, every other field is a knob of engine/knobs.py."""
 
     model: str = "llama"
-    dtype: str = "float32"
-    block_size: int = 16
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 32
-    max_model_len: int | None = None  # None: min(model context, 4096)
-    kv_cache_gb: float = 0.5
-    kv_layout: str = "paged"
-    enable_prefix_caching: bool | None = None  # None: on where the model allows it (no KDA state)
-    num_threads: int | None = None  # None: all cores
+    dtype: str = _knob("float32", "--dtype", "Weights and activations: float32 or bfloat16.")
+    block_size: int = _knob(16, "--block-size", "Tokens per KV cache block (paged layout).")
+    max_num_batched_tokens: int = _knob(512, "--max-num-batched-tokens", "Most tokens one engine step schedules "
+                                        "(prefill chunks and decodes together).")
+    max_num_seqs: int = _knob(32, "--max-num-seqs", "Most sequences running at once.")
+    max_model_len: int | None = _knob(None, "--max-model-len", "Context length in tokens (default: min(the "
+                                      "model's context, 4096)).")
+    kv_cache_gb: float = _knob(0.5, "--kv-cache-gb", "GB of memory for the attention KV cache.")
+    kv_layout: str = _knob("paged", "--kv-layout", "paged or contiguous.")
+    enable_prefix_caching: bool | None = _knob(None, "--enable-prefix-caching", "Reuse the KV of shared prompt "
+                                               "prefixes (default: on where the model allows it: no KDA layers).")
+    num_threads: int | None = _knob(None, "--threads", "torch threads (default: all cores, split among ranks).")
     gguf_path: str | None = None
-    gemm: str = "torch"  # torch | blas | blas-gil-held (native BLAS through ctypes, see native_gemm.py)
-    kernels: str = "auto"  # native (C++: paged attention, fused norms; kernels/), torch (torch ops), auto: native where it applies
-    kv_transfer: bool = False  # send each prefill layer's K/V to a KV store on a transfer thread
-    kv_transfer_mode: str = "layerwise"  # layerwise (as each layer finishes) or after_prefill
-    kv_transfer_impl: str = "serialize"  # serialize (per-block packing in Python) or bulk (native copies)
-    kv_cache_dtype: str = "auto"  # every attention layer's KV storage: auto (model dtype), fp32, bf16, fp8, int8
-    kv_cache_dtypes: list[str] | None = None  # one per attention layer, in order (overrides kv_cache_dtype)
-    quantization: str | None = None  # w8a8 or int8-weight: the projections (not the LM head)
-    smoothquant_alpha: float | None = None  # w8a8 only: migrate activation scale to weights (SmoothQuant α)
-    kda_decode_impl: str = "vectorized"  # KDA decode step: vectorized (tiling knobs below) or reference loop
-    kda_bv_tile: int | None = None  # V tile width of the vectorized step (None: whole V)
-    kda_head_split: int = 1  # head groups of the vectorized step
-    tensor_parallel_size: int = 1  # ranks (processes, gloo) sharing every layer by heads / features / vocab
-    tp_partial_precision: str = "fp32"  # row-parallel partial sums: fp32, reduced (bf16 operands), 3-pass
-    pipeline_parallel_size: int = 1  # stages (processes) holding consecutive runs of layers
-    pp_micro_batches: int = 2  # a step's sequences split into this many groups flowing through the stages
-    speculative: str | None = None  # ngram: draft by prompt lookup, verify greedily in one forward
-    num_speculative_tokens: int = 3
-    prompt_lookup_max: int = 4  # longest tail n-gram the drafter looks up
-    prompt_lookup_min: int = 2  # a single repeated token is weak evidence: most such drafts are rejected
-    draft_layers: int = 2  # speculative draft: the target's first layers (+ final norm and LM head)
-    draft_window: int = 64  # tokens the draft model re-reads per draft token (it keeps no cache)
-    rollback: str = "snapshot"  # KDA state after rejected drafts: snapshot per token, or replayssm
-    rollback_window: int | None = None  # tokens a rollback covers (ReplaySSM ring length); None: drafts + 1
+    gemm: str = _knob("torch", "--gemm", "torch, blas or blas-gil-held (native BLAS via ctypes, see "
+                      "native_gemm.py).")
+    kernels: str = _knob("auto", "--kernels", "Native C++ kernels for attention and norms: auto (where they "
+                         "build and apply), native (error if they cannot), torch (torch ops only).")
+    kv_transfer: bool = _knob(False, "--kv-transfer", "Send each prefill layer's K/V to a KV store on a "
+                              "transfer thread.")
+    kv_transfer_mode: str = _knob("layerwise", "--kv-transfer-mode", "layerwise (as each layer finishes) or "
+                                  "after_prefill.")
+    kv_transfer_impl: str = _knob("serialize", "--kv-transfer-impl", "serialize (per-block packing, holds the "
+                                  "GIL) or bulk (native copies that release it).")
+    kv_cache_dtype: str = _knob("auto", "--kv-cache-dtype", "KV storage of every attention layer: auto (the "
+                                "model dtype), fp32, bf16, fp8 (e4m3) or int8; fp8/int8 keep a scale per block "
+                                "and head.")
+    kv_cache_dtypes: list[str] | None = _knob(None, "--kv-cache-dtypes", "One KV dtype per attention layer, "
+                                              "comma-separated (overrides --kv-cache-dtype), e.g. int8,int8,bf16.")
+    quantization: str | None = _knob(None, "--quantization", "w8a8 (int8 weights and activations) or "
+                                     "int8-weight: the projections (not the LM head).")
+    smoothquant_alpha: float | None = _knob(None, "--smoothquant-alpha", "w8a8: SmoothQuant migration strength "
+                                            "(0-1, e.g. 0.5), calibrated on held-out text at start-up.")
+    kda_decode_impl: str = _knob("vectorized", "--kda-decode-impl", "KDA decode step: vectorized or reference "
+                                 "(loop).")
+    kda_bv_tile: int | None = _knob(None, "--kda-bv-tile", "KDA decode: V tile width (default: the whole V).")
+    kda_head_split: int = _knob(1, "--kda-head-split", "KDA decode: head groups.")
+    tensor_parallel_size: int = _knob(1, "--tp", "Ranks sharing every layer by heads, features and vocab "
+                                      "(processes over gloo).", "--tensor-parallel-size")
+    tp_partial_precision: str = _knob("fp32", "--tp-partial-precision", "Row-parallel partial sums: fp32, "
+                                      "reduced (bf16 operands) or 3-pass (bf16x3 split).")
+    pipeline_parallel_size: int = _knob(1, "--pp", "Pipeline stages (processes holding runs of layers).",
+                                        "--pipeline-parallel-size")
+    pp_micro_batches: int = _knob(2, "--pp-micro-batches", "Pipeline: groups a step's sequences are split into, "
+                                  "flowing through the stages.")
+    speculative: str | None = _knob(None, "--speculative", "ngram (prompt lookup) or draft (the model's first "
+                                    "--draft-layers layers): drafts verified greedily in one forward (greedy "
+                                    "requests; outputs unchanged).")
+    num_speculative_tokens: int = _knob(3, "--num-speculative-tokens", "Drafts per step (K).")
+    prompt_lookup_max: int = _knob(4, "--prompt-lookup-max", "ngram: longest tail n-gram the drafter looks up.")
+    prompt_lookup_min: int = _knob(2, "--prompt-lookup-min", "ngram: shortest tail n-gram the drafter looks up "
+                                   "(a single repeated token is weak evidence).")
+    draft_layers: int = _knob(2, "--draft-layers", "draft: the target's first layers (+ final norm and LM head) "
+                              "that form the draft model.")
+    draft_window: int = _knob(64, "--draft-window", "draft: tokens the draft model re-reads per draft token (it "
+                              "keeps no cache).")
+    rollback: str = _knob("snapshot", "--rollback", "KDA state after rejected drafts: snapshot (state per draft) "
+                          "or replayssm (per-token inputs replayed from a checkpoint).")
+    rollback_window: int | None = _knob(None, "--rollback-window", "Tokens one KDA rollback covers (the "
+                                        "ReplaySSM ring; default: drafts + 1).")
     hybrid: HybridConfig = field(default_factory=HybridConfig)
 
     def __post_init__(self) -> None:
@@ -198,6 +233,10 @@ class EngineConfig:
             raise ConfigError(f"rollback_window: {self.rollback_window} cannot hold a verification of "
                               f"{self.num_speculative_tokens} drafts + 1; use at least {self.num_speculative_tokens + 1}")
 
+    def to_json(self) -> str:
+        """Every field and its value as one line of JSON (hybrid as an object)."""
+        return json.dumps(asdict(self))
+
     def resolved_rollback_window(self) -> int:
         """Tokens one rollback covers: rollback_window, or the drafts plus the token they follow."""
         return self.rollback_window or self.num_speculative_tokens + 1
@@ -214,7 +253,9 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         """The torch dtype of weights and activations."""
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     def resolved_threads(self) -> int:
         """Threads torch should use."""

@@ -1,5 +1,5 @@
-"""The ledger: an append-only SQLite (WAL) record of runs, experiments, probe results, feedback, artifacts
-and environments. Every write is its own transaction, so a `kill -9` loses at most the probe in flight,
+"""The ledger: an append-only SQLite (WAL) record of runs, experiments, probe results, feedback, artifacts,
+environments, launches, and the hypotheses and candidates of optimize runs. Every write is its own transaction, so a `kill -9` loses at most the probe in flight,
 and a run can be resumed from what it has recorded.
 """
 from __future__ import annotations
@@ -33,6 +33,14 @@ CREATE TABLE IF NOT EXISTS launches (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), role TEXT NOT NULL, pgid INTEGER NOT NULL,
     port INTEGER, argv TEXT NOT NULL, log_path TEXT, started REAL NOT NULL, stopped REAL, status TEXT NOT NULL,
     note TEXT);
+CREATE TABLE IF NOT EXISTS hypotheses (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), key TEXT NOT NULL, claim TEXT NOT NULL,
+    probe TEXT NOT NULL, status TEXT NOT NULL, data TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    UNIQUE (run_id, key));
+CREATE TABLE IF NOT EXISTS candidates (
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), trial INTEGER NOT NULL,
+    proposer TEXT NOT NULL, hypothesis TEXT, status TEXT NOT NULL, feasible INTEGER NOT NULL, objective REAL,
+    why TEXT NOT NULL, data TEXT NOT NULL, created REAL NOT NULL, UNIQUE (run_id, trial));
 CREATE TABLE IF NOT EXISTS artifacts (
     id INTEGER PRIMARY KEY, probe_result_id INTEGER REFERENCES probe_results(id), sha256 TEXT NOT NULL,
     path TEXT NOT NULL, description TEXT NOT NULL);
@@ -149,6 +157,34 @@ class Ledger:
         names = [c[0] for c in cursor.description]
         return [dict(zip(names, row), argv=json.loads(row[names.index("argv")])) for row in cursor.fetchall()]
 
+    def record_hypothesis(self, run_id: int, key: str, data: dict[str, Any]) -> None:
+        """Store a hypothesis (claim, locality, the probe that can refute it, prediction, status, what it cites),
+        or update it as its status changes (open → supported | refuted | inconclusive)."""
+        now = time.time()
+        self._write("INSERT INTO hypotheses (run_id, key, claim, probe, status, data, created, updated) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, key) DO UPDATE SET claim = excluded.claim, "
+                    "probe = excluded.probe, status = excluded.status, data = excluded.data, updated = excluded.updated",
+                    (run_id, key, data["claim"], data["probe"], data.get("status", "open"), json.dumps(data), now, now))
+
+    def hypotheses(self, run_id: int) -> list[dict[str, Any]]:
+        """A run's hypotheses in the order they were posed, each as it now stands."""
+        rows = self.db.execute("SELECT data FROM hypotheses WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def record_candidate(self, run_id: int, trial: int, data: dict[str, Any]) -> None:
+        """A candidate's outcome (knobs and/or patch, the hypothesis it tests, status, verdict, why, the probe
+        records it cites): what a resumed run replays."""
+        self._write("INSERT INTO candidates (run_id, trial, proposer, hypothesis, status, feasible, objective, why, "
+                    "data, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, trial, data.get("proposer", "search"), data.get("hypothesis"), data["status"],
+                     int(bool(data.get("feasible"))), data.get("objective"), data.get("why", ""),
+                     json.dumps(data, default=str), time.time()))
+
+    def candidates(self, run_id: int) -> list[dict[str, Any]]:
+        """A run's candidates in trial order."""
+        rows = self.db.execute("SELECT data FROM candidates WHERE run_id = ? ORDER BY trial", (run_id,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
     def completed_keys(self, run_id: int) -> set[str]:
         """Keys of the probes a run has recorded."""
         return {k for (k,) in self.db.execute("SELECT key FROM probe_results WHERE run_id = ?", (run_id,))}
@@ -174,7 +210,13 @@ class Ledger:
             row = self.run(run["id"])
             env = self.db.execute("SELECT data FROM environments WHERE id = ?", (row["environment_id"],)).fetchone()
             yield json.dumps({"run": row, "environment": json.loads(env[0]) if env else None,
-                              "launches": self.launches(run["id"]), "probes": self.probe_results(run["id"])})
+                              "launches": self.launches(run["id"]), "hypotheses": self.hypotheses(run["id"]),
+                              "candidates": self.candidates(run["id"]), "probes": self.probe_results(run["id"])})
+
+
+def charged(feedback: dict[str, Any]) -> bool:
+    """Whether a probe record counts against a run's probe budget (the raw records of a charged probe do not)."""
+    return feedback.get("details", {}).get("charged", True) is not False
 
 
 class _Txn:

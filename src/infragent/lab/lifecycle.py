@@ -77,9 +77,11 @@ def _mark(ledger: Ledger, run_id: int, status: str, why: str, resume_hint: str, 
 
 
 @contextlib.contextmanager
-def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int, role: str) -> Iterator[TargetProcess]:
+def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int, role: str,
+             code: Path | None = None) -> Iterator[TargetProcess]:
     """A target process recorded in the ledger (group, port, argv) before its readiness wait, stopped and
-    marked so on the way out; the launch's status says whether it was ready, died or never became ready."""
+    marked so on the way out; the launch's status says whether it was ready, died or never became ready.
+    code: a copy of the target's code to launch from (lab/target.code_environment)."""
     log_path = ledger.path.parent / "logs" / f"run-{run_id}-{role.replace('/', '-')}.log"
     ids: list[int] = []
 
@@ -87,7 +89,7 @@ def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int,
         ids.append(ledger.record_launch(run_id, role, proc.pgid, proc.port, proc.argv, str(proc.log_path),
                                         proc.started_at))
 
-    proc = TargetProcess(target, knobs, log_path, on_launch=record)
+    proc = TargetProcess(target, knobs, log_path, on_launch=record, code=code)
     status = "stopped"
     try:
         try:

@@ -17,6 +17,7 @@ import numpy as np
 from infragent.analysis.serving_metrics import bucket_of
 from infragent.lab.criteria import limit_text
 from infragent.lab.ledger import Ledger
+from infragent.lab.trajectory import chains
 from infragent.trace_model import Trace
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2")
@@ -34,13 +35,14 @@ class ReportData:
     buckets: dict[str, dict[str, float]] = field(default_factory=dict)  # "scenario bucket" -> metric -> median
     timeline: list[dict[str, Any]] = field(default_factory=list)  # spans: thread, name, start_ms, dur_ms
     probes: list[dict[str, Any]] = field(default_factory=list)
+    chains: list[dict[str, Any]] = field(default_factory=list)  # hypothesis -> probe -> verdict -> decision
 
 
 def report_data(ledger: Ledger, run_id: int, trace_path: str | Path | None = None, max_spans: int = 400) -> ReportData:
     """Collect the run's probes, loadgen records, judgements and (optionally) a trace excerpt."""
     run = ledger.run(run_id)
     env_row = ledger.db.execute("SELECT data FROM environments WHERE id = ?", (run["environment_id"],)).fetchone()
-    data = ReportData(run, json.loads(env_row[0]) if env_row else None)
+    data = ReportData(run, json.loads(env_row[0]) if env_row else None, chains=chains(ledger, run_id))
     for result in ledger.probe_results(run_id):
         fb = result["feedback"]
         data.probes.append({"key": result["key"], "probe": result["probe"], "verdict": result["verdict"],
@@ -209,6 +211,11 @@ def render_html(data: ReportData) -> str:
     probe_rows = "".join(f'<tr><td>{_e(p["key"])}</td><td>{_e(p["probe"])}</td><td>{_e(p["verdict"].upper())}</td>'
                          f'<td>{_e(p["finding"])}</td></tr>' for p in data.probes)
     cdfs = "".join(_cdf_svg(metric, series) for metric, series in sorted(data.latencies.items()))
+    chain_rows = "".join(
+        f'<tr class="verdict-{ {"supported": "pass", "refuted": "fail"}.get(c["status"], "inconclusive") }">'
+        f'<td>{_e(c["key"])}: {_e(c["claim"])}</td><td>{_e(c["settled_by"] or c["probe"] + " (not run)")}'
+        f'{": " + _e(c["probe_finding"]) if c["probe_finding"] else ""}</td><td>{_e(c["status"].upper())}</td>'
+        f'<td>{_e(c["decision"])}</td></tr>' for c in data.chains) or '<tr><td colspan="4">no hypotheses</td></tr>'
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>infragent run {run['id']}</title>
 <style>
@@ -228,6 +235,8 @@ table {{ border-collapse: collapse; margin: 8px 0 20px; }} td, th {{ border: 1px
 <h2 id="criteria">Criteria</h2>
 <table><tr><th>scenario</th><th>phase</th><th>bucket</th><th>metric</th><th>estimate</th><th>CI</th><th>limit</th>
 <th>verdict</th><th>why</th></tr>{crit_rows}</table>
+<h2 id="hypotheses">Hypotheses</h2>
+<table><tr><th>hypothesis</th><th>probe</th><th>verdict</th><th>decision</th></tr>{chain_rows}</table>
 <h2 id="latency">Latency CDFs</h2><div>{cdfs or '<p class="muted">no loadgen results</p>'}</div>
 <h2 id="throughput">Throughput against request rate</h2><div>{_throughput_svg(data.throughput)}</div>
 <h2 id="breakdown">Breakdown by scenario and prompt-length bucket (medians)</h2>{_bars_html(data.buckets)}

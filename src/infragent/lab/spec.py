@@ -6,7 +6,9 @@
                                   port per launch), ready_timeout_s, hang_timeout_s
                                   or kind = "kernel" with candidate, reference, inputs = "FILE.py:function"
                                   (files next to the spec; knobs become keyword arguments of the candidate),
-                                  optional partition, bench_inputs, workload, rtol
+                                  optional partition, bench_inputs, workload, rtol;
+                                  code = "PATH" (what code proposers patch, in a git worktree) and
+                                  tests = "COMMAND" (run in each candidate's worktree first)
     [knobs.NAME]                  type = "int" | "float" | "choice" | "bool"; domain = [lo, hi] or choices;
                                   touches = ["decode", "kv.gather"]   (spans or kernels the knob acts on)
     [[scenarios]]                 name, and loadgen fields (num_prompts, max_concurrency, request_rate, ...)
@@ -83,10 +85,16 @@ class Target(_Strict):
     workload: Optional[str] = None  # a run with threads, for the trace and GIL probes
     partition: Optional[str] = None  # also check the candidate partitioned, e.g. "column:2"
     rtol: Optional[float] = Field(None, gt=0)  # the check's tolerance (default: by dtype and K)
-    code: str = "."  # the folder code proposers may change, relative to the spec
+    # the code code proposers may change, relative to the spec: a kernel target's folder (default: the spec's);
+    # for an engine target a git checkout of this project (the server then runs from a worktree's src/); for a
+    # command target the repository its command runs in (launched inside the candidate's worktree)
+    code: Optional[str] = None
+    tests: Optional[str] = None  # a test command run in each candidate's worktree before any probe (rc 0 = pass)
 
     @model_validator(mode="after")
     def _kind_has_its_fields(self) -> "Target":
+        if self.tests is not None and self.code is None and self.kind != "kernel":
+            raise ValueError("tests: a test command runs in a candidate's worktree; give code = \"PATH\" too")
         if self.kind == "command" and not (self.command and self.ready_url and self.base_url):
             raise ValueError("a command target needs command, ready_url and base_url")
         if self.kind == "kernel":
@@ -215,12 +223,15 @@ class Spec(_Strict):
             if c.metric == "goodput" and not self.scenarios[names.index(c.scenario)].goodput_ms:
                 raise ValueError(f"criteria.{i}.metric: goodput needs goodput_ms SLOs on scenario {c.scenario!r}")
         if self.target.kind == "engine":
-            from infragent.engine.config import EngineConfig
+            from infragent.engine.knobs import KNOBS, KnobError, from_argv
 
-            known = [f for f in EngineConfig.__dataclass_fields__ if f not in ("model", "hybrid", "gguf_path")]
+            try:
+                from_argv(self.target.serve_args)
+            except KnobError as err:
+                raise ValueError(f"target.serve_args: {err}") from None
             for name in self.knobs:
-                if name not in known:
-                    raise ValueError(f"knobs.{name}: unknown knob for the engine target; known: {', '.join(known)}")
+                if name not in KNOBS:
+                    raise ValueError(f"knobs.{name}: unknown knob for the engine target; known: {', '.join(KNOBS)}")
         for field in ("command", "base_url", "ready_url"):
             for name in re.findall(r"{(\w+)}", getattr(self.target, field) or ""):
                 if name not in self.knobs and name != "port":

@@ -20,53 +20,17 @@ import psutil
 
 from infragent.lab.spec import Target
 
-# Engine knobs that `infragent serve` takes as flags.
-SERVE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
-               "max_model_len": "--max-model-len", "block_size": "--block-size", "kv_cache_gb": "--kv-cache-gb",
-               "num_threads": "--threads", "kv_layout": "--kv-layout", "gemm": "--gemm",
-               "kv_cache_dtype": "--kv-cache-dtype", "kv_cache_dtypes": "--kv-cache-dtypes",
-               "quantization": "--quantization", "smoothquant_alpha": "--smoothquant-alpha",
-               "speculative": "--speculative", "num_speculative_tokens": "--num-speculative-tokens",
-               "rollback": "--rollback", "kda_decode_impl": "--kda-decode-impl", "kda_bv_tile": "--kda-bv-tile",
-               "kda_head_split": "--kda-head-split", "tensor_parallel_size": "--tp",
-               "tp_partial_precision": "--tp-partial-precision", "pipeline_parallel_size": "--pp",
-               "kv_transfer_mode": "--kv-transfer-mode", "kv_transfer_impl": "--kv-transfer-impl"}
-
-
-def flag_value(name: str, value: str) -> Any:
-    """A serve flag's text as the EngineConfig field's type (int, float, str, comma list; "none" → None)."""
-    from infragent.engine.config import EngineConfig
-
-    kind = str(EngineConfig.__dataclass_fields__[name].type)
-    if value == "none" and "None" in kind:
-        return None
-    for prefix, convert in (("list", lambda v: v.split(",")), ("int", int), ("float", float), ("bool", _bool)):
-        if kind.startswith(prefix):
-            return convert(value)
-    return value
-
-
-def _bool(value: str) -> bool:
-    return value.lower() in ("1", "true", "yes")
-
-
 def engine_config(target: Target, knobs: dict[str, Any]) -> Any:
     """The EngineConfig an engine target's server would run with these knobs (its serve_args applied)."""
     import json
 
     from infragent.engine.config import EngineConfig, HybridConfig
+    from infragent.engine.knobs import from_argv
 
-    fields: dict[str, Any] = {"model": target.model}
-    by_flag = {flag: name for name, flag in SERVE_FLAGS.items()}
+    fields: dict[str, Any] = {"model": target.model, **from_argv(target.serve_args), **knobs}
     args = list(target.serve_args)
-    while args:
-        flag = args.pop(0)
-        value = args.pop(0) if args and not args[0].startswith("--") else "true"
-        if flag == "--hybrid-config":
-            fields["hybrid"] = HybridConfig(**json.loads(value))
-        elif flag in by_flag:
-            fields[by_flag[flag]] = flag_value(by_flag[flag], value)
-    fields.update(knobs)
+    if "--hybrid-config" in args[:-1]:
+        fields["hybrid"] = HybridConfig(**json.loads(args[args.index("--hybrid-config") + 1]))
     return EngineConfig(**fields)
 
 
@@ -115,16 +79,31 @@ def launch_command(target: Target, knobs: dict[str, Any]) -> tuple[list[str], st
         except (IndexError, ValueError) as err:
             raise TargetError(f"target.command: {err}; write literal braces as {{{{ and }}}}") from None
         return shlex.split(command), urls[0].rstrip("/"), urls[1]
-    unknown = [k for k in knobs if k not in SERVE_FLAGS]
+    from infragent.engine.knobs import KNOBS, KnobError, to_argv
+
+    unknown = [k for k in knobs if k not in KNOBS]
     if unknown:
-        raise TargetError(f"knobs {unknown}: not settable on the engine server; settable: {', '.join(SERVE_FLAGS)}")
+        raise TargetError(f"knobs {unknown}: not settable on the engine server; settable: {', '.join(KNOBS)}")
+    try:
+        flags = to_argv(knobs)
+    except KnobError as err:
+        raise TargetError(f"knobs: {err}") from None
     argv = [sys.executable, "-m", "infragent.cli", "serve", "--model", target.model, "--port", str(port),
-            *target.serve_args]
-    for name, value in knobs.items():
-        text = "none" if value is None else ",".join(value) if isinstance(value, list) else str(value)
-        argv += [SERVE_FLAGS[name], text]
+            *target.serve_args, *flags]
     url = f"http://127.0.0.1:{port}"
     return argv, url, f"{url}/health"
+
+
+def code_environment(target: Target, code: Path | None) -> tuple[Path | None, dict[str, str]]:
+    """(working folder, extra environment) for a launch from a copy of the target's code: the engine's server
+    imports infragent from code/src (code is a checkout of this project); a command runs inside code."""
+    if code is None:
+        return None, {}
+    if target.kind != "engine":
+        return code, {}
+    source = code / "src" if (code / "src" / "infragent").is_dir() else code
+    inherited = os.environ.get("PYTHONPATH")
+    return code, {"PYTHONPATH": os.pathsep.join([str(source)] + ([inherited] if inherited else []))}
 
 
 def port_of(url: str) -> int:
@@ -158,8 +137,9 @@ class TargetProcess:
     records the group then, so an interrupted run can stop it)."""
 
     def __init__(self, target: Target, knobs: dict[str, Any], log_path: str | Path,
-                 on_launch: Callable[["TargetProcess"], None] | None = None) -> None:
+                 on_launch: Callable[["TargetProcess"], None] | None = None, code: Path | None = None) -> None:
         self.argv, self.base_url, self.ready_url = launch_command(target, knobs)
+        self.cwd, self.env = code_environment(target, code)
         self.port = port_of(self.ready_url)
         self.timeout = target.ready_timeout_s
         self.hang_timeout = target.hang_timeout_s
@@ -181,7 +161,7 @@ class TargetProcess:
         with open(self.log_path, "ab") as log:
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                             cwd=self.cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
             except (FileNotFoundError, PermissionError) as err:
                 raise TargetError(f"cannot launch the target: {self.argv[0]!r}: {err.strerror}; install it or fix "
                                   "[target] command in the spec") from None

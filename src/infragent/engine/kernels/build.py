@@ -6,6 +6,8 @@ $INFRAGENT_KERNEL_CACHE); it needs a C++ compiler, the Python headers and ninja.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -13,6 +15,7 @@ import platform
 import sysconfig
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -49,6 +52,20 @@ def _build_directory() -> tuple[str, Path]:
     return f"infragent_kernels_{key}", root / key
 
 
+@contextlib.contextmanager
+def _builder(directory: Path) -> Iterator[None]:
+    """Hold the build folder's lock (an flock: released when its holder dies, however it dies). Holding it, a
+    torch `lock` file left there is stale — a build killed part-way — and would make every later start wait on
+    it forever, so it goes."""
+    with open(directory / ".infragent.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def load() -> None:
     """Compile (once) and load the kernels; raise KernelBuildError saying why not."""
     global _error, _loaded
@@ -65,8 +82,13 @@ def load() -> None:
             scripts = sysconfig.get_path("scripts")  # the venv's bin holds the ninja of the `ninja` package
             if scripts not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + scripts
-            load_extension(name=name, sources=[str(path) for path in SOURCES], extra_cflags=CFLAGS,
-                           is_python_module=False, build_directory=str(directory), verbose=False)
+            with _builder(directory):
+                built = directory / f"{name}.so"
+                if built.exists():  # the same sources were built before (maybe from another copy of the code)
+                    torch.ops.load_library(str(built))
+                else:
+                    load_extension(name=name, sources=[str(path) for path in SOURCES], extra_cflags=CFLAGS,
+                                   is_python_module=False, build_directory=str(directory), verbose=False)
         except Exception as exc:  # compiler, headers or ninja missing; a failed compile
             lines = str(exc).strip().splitlines()
             reason = next((line for line in lines if "error:" in line), lines[-1] if lines else type(exc).__name__)

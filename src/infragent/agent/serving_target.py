@@ -1,0 +1,316 @@
+"""A serving target under the loop (the built-in engine, or any server a command launches): the baseline
+traced and attributed in-process (engine only), the baseline launched with a twin of it for the A/A floor,
+and each candidate launched on its own port (its listener proven to be its process group) and judged
+cheapest first: the output check (or the quality gates) → the local probe its hypothesis calls for (a short
+A/B over blocks, a win beyond the A/A floor) → end to end, interleaved with the baseline, every criterion per
+phase and bucket (more repeats while one is inconclusive). A candidate that dies voids its trial; a
+baseline that dies ends the run. With --feedback e2e-only, the check then end to end only.
+
+With `code = PATH` the target's code is patchable: the baseline runs from a worktree of PATH as it stands,
+each patch from its own worktree. A patch to the engine goes first through the spec's tests, then the
+in-process checks — greedy tokens identical, then the step microbenchmark (seconds, no server) — and only
+then is its server launched; a command target's patch runs its command inside the candidate's worktree.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from infragent.agent.context import RunContext
+from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis
+from infragent.agent.proposal import Probe
+from infragent.agent.steps import aa_calibration, check_outputs, end_to_end, local_ab, quality_gate
+from infragent.agent.targets import Candidate, proposal_info
+from infragent.agent.workspace import Workspace, run_limited
+from infragent.lab.lifecycle import launched
+from infragent.lab.measure import default_knobs
+from infragent.lab.spec import QUALITY_METRICS, Spec
+from infragent.lab.target import TargetDied, TargetError, TargetProcess, engine_config, require_own_ports
+from infragent.probes.artifacts import artifact_dir
+from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.step_bench import StepBenchError, StepWorker, Unit, check_tokens, step_bench, step_floor
+
+TESTS_TIMEOUT_S = 900.0
+
+
+class RunError(RuntimeError):
+    """The run cannot continue (the baseline died); resume it once the cause is fixed."""
+
+
+class EngineDiagnostics:
+    """The engine's baseline traced in-process and attributed: hypotheses about its top spans and threads
+    that never overlap. Their probes run on candidates (the local A/B, or for a patch the step bench), not
+    on the baseline."""
+
+    observe = ["trace"]
+
+    def __init__(self, spec: Spec, knobs: dict) -> None:
+        self.spec, self.knobs = spec, knobs
+        self.probes: dict[str, Callable[[], Feedback]] = {"trace": lambda: trace_engine(spec, knobs)}
+
+    def pose(self, results: dict[str, dict]) -> list[Hypothesis]:
+        """Hypotheses from the trace's analysis, one question per span or pair of threads."""
+        trace = results.get("ladder/trace")
+        if trace is None:
+            return []
+        analysis = Feedback(**{k: v for k, v in trace.items() if k in ("probe", "verdict", "finding", "details")})
+        found = from_analysis(analysis, self.spec.knobs)
+        for h in found:
+            if self.spec.target.code and not h.knobs and h.probe == "roofline":
+                h.probe = "step_bench"  # no knob acts on it, but a patch can: the step bench refutes one in seconds
+            h.locality = {"question": f"{h.probe}:{'|'.join(h.spans)}"}
+        return found
+
+    def settle(self, probe: str, hypothesis: Hypothesis, results: dict[str, dict]) -> Hypothesis:
+        """Only the trace runs on the baseline here; the hypotheses it poses are settled by candidates."""
+        return hypothesis
+
+
+class ServingTarget:
+    """The built-in engine or a command-launched server, each launch on its own port."""
+
+    def __init__(self, spec: Spec, spec_path: Path) -> None:
+        require_own_ports(spec.target, "optimize runs the baseline and each candidate at the same time")
+        self.spec, self.spec_path = spec, spec_path
+        self.baseline_knobs = default_knobs(spec)
+        self.base: TargetProcess | None = None
+        self.floor = 0.0
+        self.code_dir = (spec_path.parent / spec.target.code).resolve() if spec.target.code else None
+        self.base_code: Workspace | None = None  # the baseline's worktree of code_dir, for the whole run
+
+    def diagnostics(self, ctx: RunContext) -> EngineDiagnostics | None:
+        """The engine's in-process trace; a command target is a black box (nothing to trace)."""
+        return EngineDiagnostics(self.spec, self.baseline_knobs) if self.spec.target.kind == "engine" else None
+
+    @contextlib.contextmanager
+    def session(self, ctx: RunContext, experiment: int) -> Iterator[None]:
+        """The baseline launched for the whole run (from a worktree of the code, when it has one), and the A/A
+        floor against a twin launch of it."""
+        with contextlib.ExitStack() as stack:
+            if self.code_dir is not None:
+                self.base_code = stack.enter_context(Workspace.create(
+                    self.code_dir, ctx.artifact_home("workspaces"), f"run-{ctx.run_id}-baseline-{_stamp()}"))
+            base = stack.enter_context(launched(self.spec.target, self.baseline_knobs, ctx.ledger, ctx.run_id,
+                                                "baseline", code=self._code(self.base_code)))
+            self.base = base
+            self.floor = self._aa_floor(ctx, experiment)
+            try:
+                yield
+            finally:
+                self.base = None
+
+    def _aa_floor(self, ctx: RunContext, experiment: int) -> float:
+        """The A/A floor for local wins, measured once per run (a resumed run reuses it from the ledger)."""
+        key = "calibration/aa"
+        if key not in ctx.done:
+            started = time.monotonic()
+            with launched(self.spec.target, self.baseline_knobs, ctx.ledger, ctx.run_id, "baseline-twin",
+                          code=self._code(self.base_code)) as twin:
+                feedback = self._probe(lambda: aa_calibration(self.spec.scenarios[0], self.base.base_url,
+                                                              twin.base_url, seed=7), twin)
+            ctx.record(key, feedback, experiment, started)
+        return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
+
+    def workspace(self, ctx: RunContext, number: int) -> Workspace:
+        """A worktree of the target's code for candidate number."""
+        if self.code_dir is None:
+            raise ValueError(f"a code proposer needs the target's code: add code = \"PATH\" to [target] in "
+                             f"{ctx.spec_path} (for an engine target, a git checkout of infragent; for a command "
+                             "target, the repository its command runs from)")
+        return Workspace.create(self.code_dir, ctx.artifact_home("workspaces"),
+                                f"run-{ctx.run_id}-trial-{number}-{_stamp()}")
+
+    def tools(self, ctx: RunContext, workspace: Workspace, key: str) -> dict[str, Probe]:
+        """The probes a code proposer may run on its worktree (agent/serving_tools.py)."""
+        from infragent.agent.serving_tools import serving_tools
+
+        return serving_tools(self, ctx, workspace, key)
+
+    def info(self, ctx: RunContext, hypotheses: list[Hypothesis], trials: list[dict]) -> dict[str, Any]:
+        """The JSON context for a code proposer."""
+        findings = {k: r["feedback"]["finding"] for k, r in ctx.done.items() if k.startswith(("ladder/", "calibration/"))}
+        return proposal_info(ctx, hypotheses, trials, findings)
+
+    def judge(self, ctx: RunContext, candidate: Candidate, hypothesis: Hypothesis | None) -> dict[str, Any]:
+        """A patch's tests and in-process probes first (engine), then check (or quality gates) → local probe →
+        end to end; the first that says no rejects."""
+        key, experiment = candidate.key, candidate.experiment
+        checked = False
+        if candidate.workspace is not None:
+            rejected = self._code_probes(ctx, candidate)
+            if rejected is not None:
+                return rejected
+            checked = self.spec.target.kind == "engine" and ctx.feedback == "ladder"
+        gated = any(c.metric in QUALITY_METRICS for c in self.spec.criteria)
+        judgements: list[dict] = []
+        if gated:  # outputs may differ by design (quantization): the quality gates replace the identity check
+            started = time.monotonic()
+            gate = ctx.record(f"{key}/quality", quality_gate(self.spec, candidate.knobs), experiment, started)
+            judgements = gate["feedback"]["details"].get("judgements", [])
+            if gate["verdict"] != "pass":
+                return {"judgements": judgements, "why": f"quality gate: {gate['verdict']}"}
+        base_url = self.base.base_url  # type: ignore[union-attr]
+        try:
+            with launched(self.spec.target, candidate.knobs, ctx.ledger, ctx.run_id, key,
+                          code=self._code(candidate.workspace)) as cand:
+                if not gated and not checked:
+                    started = time.monotonic()
+                    check = ctx.record(f"{key}/check", self._probe(lambda: check_outputs(base_url, cand.base_url),
+                                                                   cand), experiment, started)
+                    if check["verdict"] != "pass":
+                        return {"why": "check: greedy outputs differ from the baseline's"}
+                local = candidate.local
+                if ctx.feedback == "ladder" and local is None:
+                    started = time.monotonic()
+                    record = ctx.record(f"{key}/local_ab", self._probe(lambda: local_ab(
+                        self.spec.scenarios[0], base_url, cand.base_url, seed=100 + candidate.number,
+                        floor=self.floor), cand), experiment, started)
+                    local = {"key": record["key"], "verdict": record["verdict"], "finding": record["feedback"]["finding"]}
+                    if record["verdict"] != "pass":
+                        what = "a real local loss" if record["verdict"] == "fail" else "no win beyond the A/A floor"
+                        return {"local": local, "why": f"local A/B: {what}; not worth an end-to-end run"}
+                    if not ctx.left():
+                        return {"local": local, "why": "local A/B: a win, but no budget left for end-to-end"}
+                started = time.monotonic()
+                e2e, score, raw = end_to_end(self.spec, base_url, cand.base_url,
+                                             repeats_offset=1000 * (candidate.number + 1),
+                                             more=lambda: ctx.minutes() < ctx.budget.minutes,
+                                             alive=lambda: self._alive(cand))
+                ctx.record(f"{key}/e2e", e2e, experiment, started)
+                for name, fb in raw.items():  # the raw records of the e2e probe above (its cost is there)
+                    ctx.record(f"{key}/{name}", fb, experiment, time.monotonic(), charge=False)
+                return {"status": "measured", "objective": score["objective"], "feasible": score["feasible"],
+                        "finding": e2e.finding, "judgements": judgements + e2e.details["judgements"], "local": local,
+                        "why": f"end to end: criteria {e2e.verdict}"}
+        except TargetDied as err:
+            return {"status": "target died", "why": str(err)[:400]}
+        except TargetError as err:
+            return {"status": "not started", "why": f"target did not start: {str(err)[:300]}"}
+
+    def _code_probes(self, ctx: RunContext, candidate: Candidate) -> dict[str, Any] | None:
+        """The spec's tests in the worktree, then (engine, ladder) the in-process token check and step
+        microbenchmark against the baseline's code; a rejection, or None to go on."""
+        ws = candidate.workspace
+        assert ws is not None
+        if self.spec.target.tests:
+            started = time.monotonic()
+            tests = ctx.record(f"{candidate.key}/tests", run_tests(self.spec.target.tests, ws.path, self.spec.target.kind),
+                               candidate.experiment, started)
+            if tests["verdict"] != "pass":
+                return {"why": f"the spec's tests fail: {tests['feedback']['finding'][:300]}"}
+        if self.spec.target.kind != "engine" or ctx.feedback != "ladder":
+            return None
+        config = json.loads(engine_config(self.spec.target, candidate.knobs).to_json())
+        started = time.monotonic()
+        try:
+            with engine_workers(self._code(self.base_code), ws.path, config) as (base, cand):
+                check = ctx.record(f"{candidate.key}/check", check_tokens(base, cand), candidate.experiment, started)
+                if check["verdict"] != "pass":
+                    return {"why": f"check: {check['feedback']['finding'][:300]}"}
+                floor = self._step_floor(ctx, base, config)
+                started = time.monotonic()
+                bench = ctx.record(f"{candidate.key}/step_bench", step_bench(base, cand, step_unit(self.spec), floor),
+                                   candidate.experiment, started)
+        except StepBenchError as err:
+            ctx.record(f"{candidate.key}/check", Feedback("check", "fail", str(err)[:600]), candidate.experiment, started)
+            return {"why": f"check: {str(err)[:300]}"}
+        candidate.local = {"key": bench["key"], "verdict": bench["verdict"], "finding": bench["feedback"]["finding"]}
+        if bench["verdict"] != "pass":
+            what = "a real loss" if bench["verdict"] == "fail" else "no win beyond its A/A floor"
+            return {"local": candidate.local, "why": f"step bench: {what}; not worth a server launch"}
+        return None
+
+    def _step_floor(self, ctx: RunContext, base: StepWorker, config: dict) -> float:
+        """The step bench's A/A floor, measured once per run against a second engine of the baseline's code."""
+        key = "calibration/step_aa"
+        if key not in ctx.done:
+            started = time.monotonic()
+            twin = StepWorker(self._code(self.base_code), config, "twin").ready()
+            try:
+                ctx.record(key, step_floor(base, twin, step_unit(self.spec)), None, started)
+            finally:
+                twin.close()
+        return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
+
+    def _code(self, workspace: Workspace | None) -> Path | None:
+        return None if workspace is None else workspace.path
+
+    def _probe(self, run: Callable[[], Any], cand: TargetProcess) -> Any:
+        """Run a probe against live targets; a target found dead afterwards voids it (nothing a dead target
+        served is a measurement)."""
+        try:
+            result = run()
+        except Exception:
+            self._alive(cand)
+            raise
+        self._alive(cand)
+        return result
+
+    def _alive(self, cand: TargetProcess) -> None:
+        """Raise TargetDied for the candidate, or RunError when the baseline itself died."""
+        try:
+            self.base.check_alive()  # type: ignore[union-attr]
+        except TargetDied as err:
+            raise RunError(f"the baseline target died, so no comparison can be trusted: {err}") from None
+        cand.check_alive()
+
+
+def trace_engine(spec: Spec, knobs: dict) -> Feedback:
+    """Run a few requests shaped like the first scenario through the engine in-process, traced; analyze."""
+    from infragent.engine.llm_engine import LLMEngine
+    from infragent.engine.sampling import SamplingParams
+    from infragent.probes.analyze import analyze
+    from infragent.trace import Recorder
+
+    engine = LLMEngine(engine_config(spec.target, knobs))
+    with Recorder(thread_cpu=True) as rec:
+        for ids, out in engine_workload(spec, knobs):
+            engine.add_request(ids, SamplingParams(max_tokens=out, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+    path = rec.trace().save(artifact_dir() / f"trace-baseline-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    return analyze(path)
+
+
+def step_unit(spec: Spec) -> Unit:
+    """The step bench's batch: up to 4 of the first scenario's prompts (at most 256 tokens), 16 tokens each."""
+    scenario = spec.scenarios[0]
+    width = min(scenario.max_concurrency or 4, 4)
+    prompts = [ids[:256] for ids, _ in engine_workload(spec, {}, prompts=width, seed=11)]
+    return Unit(prompts, min(scenario.random_output_len, 16))
+
+
+@contextlib.contextmanager
+def engine_workers(base_code: Path | None, cand_code: Path, config: dict) -> Iterator[tuple[StepWorker, StepWorker]]:
+    """The baseline's and the candidate's engines in their own children, loaded in parallel."""
+    workers = [StepWorker(base_code, config, "baseline"), StepWorker(cand_code, config, "candidate")]
+    try:
+        yield workers[0].ready(), workers[1].ready()
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def run_tests(command: str, worktree: Path, kind: str) -> Feedback:
+    """The spec's test command in the candidate's worktree (bash -c, with this interpreter's folder first on the
+    PATH, so `python` is the one running infragent; for an engine target with src/ on the PYTHONPATH): pass on
+    exit status 0."""
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    if kind == "engine" and (worktree / "src").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join([str(worktree / "src")] + ([os.environ["PYTHONPATH"]]
+                                                                       if os.environ.get("PYTHONPATH") else []))
+    done = run_limited(["bash", "-c", command], cwd=worktree, timeout_s=TESTS_TIMEOUT_S, memory_gb=None, env=env)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    status = f"timed out after {TESTS_TIMEOUT_S:g} s" if done.timed_out else f"exit {done.rc}"
+    return Feedback("tests", "pass" if done.rc == 0 else "fail", f"`{command}`: {status} in {done.seconds:.1f} s"
+                    + (f": {' | '.join(tail)}" if tail else ""), numbers={"rc": Measure(done.rc)},
+                    details={"stdout_tail": done.stdout[-3000:], "stderr_tail": done.stderr[-3000:]})
+
+
+def _stamp() -> str:
+    return time.strftime("%H%M%S") + f"-{os.getpid()}"

@@ -1,0 +1,127 @@
+"""The probes a code proposer may run on its worktree of a serving target's code, each one charged to the
+run's probe budget and recorded under the candidate's key (trial/N/tool/NAME): the in-process output check
+and step bench against the baseline's code, a traced run of the worktree's engine (record + analyze), the
+candidate's cheap gates (tests, check, step bench), and a scenario run of the worktree's server interleaved
+with the baseline's. Each answers with the probe's Feedback as text, as the model reads it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from infragent.agent.context import RunContext, fresh_key
+from infragent.agent.proposal import Probe
+from infragent.agent.workspace import Workspace
+from infragent.lab.lifecycle import launched
+from infragent.lab.measure import interleaved_repeat
+from infragent.lab.target import engine_config
+from infragent.probes.artifacts import artifact_dir
+from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.step_bench import StepWorker, check_tokens, step_bench, trace_engine_code
+
+if TYPE_CHECKING:
+    from infragent.agent.serving_target import ServingTarget
+
+
+def serving_tools(target: "ServingTarget", ctx: RunContext, ws: Workspace, key: str) -> dict[str, Probe]:
+    """The probes by name (engine targets get the in-process ones; every serving target gets the scenario)."""
+    def charged(name: str, run: Callable[[], Feedback]) -> Probe:
+        def probe(arguments: dict) -> str:
+            started = time.monotonic()
+            record = ctx.record(fresh_key(ctx.done, f"{key}/tool/{name}"), run(), None, started)
+            return Feedback(**{k: v for k, v in record["feedback"].items()
+                               if k in ("probe", "verdict", "finding", "next_probes")}).render()
+        probe.__doc__ = run.__doc__
+        return probe
+
+    tools: dict[str, Probe] = {"scenario": charged("scenario", lambda: _scenario(target, ctx, ws, key))}
+    if target.spec.target.kind == "engine":
+        tools.update(check=charged("check", _check(target, ws)), bench=charged("bench", _bench(target, ctx, ws)),
+                     record=charged("record", _record(target, ws)), gates=charged("gates", _gates(target, ctx, ws)))
+    return tools
+
+
+def _gates(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[[], Feedback]:
+    def gates() -> Feedback:
+        """the candidate's cheap gates on your worktree: the spec's tests, the output check, the step bench"""
+        from infragent.agent.serving_target import run_tests
+
+        said: list[Feedback] = []
+        if target.spec.target.tests:
+            said.append(run_tests(target.spec.target.tests, ws.path, target.spec.target.kind))
+        if not said or said[-1].verdict == "pass":
+            said.append(_check(target, ws)())
+        if said[-1].verdict == "pass":
+            said.append(_bench(target, ctx, ws)())
+        verdict = said[-1].verdict
+        return Feedback("gates", verdict, "; ".join(f"[{f.probe}] {f.verdict.upper()}: {f.finding}" for f in said),
+                        details={"gates": [f.to_dict() for f in said]})
+    return gates
+
+
+@contextlib.contextmanager
+def _pair(target: "ServingTarget", ws: Workspace) -> Iterator[tuple[StepWorker, StepWorker]]:
+    from infragent.agent.serving_target import engine_workers
+
+    config = json.loads(engine_config(target.spec.target, target.baseline_knobs).to_json())
+    with engine_workers(target._code(target.base_code), ws.path, config) as pair:
+        yield pair
+
+
+def _check(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
+    def check() -> Feedback:
+        """greedy tokens of fixed prompts, your worktree's engine against the baseline's"""
+        with _pair(target, ws) as (base, cand):
+            return check_tokens(base, cand)
+    return check
+
+
+def _bench(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[[], Feedback]:
+    def bench() -> Feedback:
+        """prefill and decode step times, your worktree's engine against the baseline's (seconds)"""
+        from infragent.agent.serving_target import step_unit
+
+        with _pair(target, ws) as (base, cand):
+            config = json.loads(engine_config(target.spec.target, target.baseline_knobs).to_json())
+            return step_bench(base, cand, step_unit(target.spec), target._step_floor(ctx, base, config))
+    return bench
+
+
+def _record(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
+    def record() -> Feedback:
+        """record + analyze: a traced batch on your worktree's engine, attributed (top spans, threads)"""
+        from infragent.agent.serving_target import step_unit
+
+        config = json.loads(engine_config(target.spec.target, target.baseline_knobs).to_json())
+        worker = StepWorker(ws.path, config, "candidate").ready()
+        try:
+            path = artifact_dir() / f"trace-worktree-{time.strftime('%Y%m%d-%H%M%S')}.json"
+            return trace_engine_code(worker, step_unit(target.spec), path)
+        finally:
+            worker.close()
+    return record
+
+
+def _scenario(target: "ServingTarget", ctx: RunContext, ws: Workspace, key: str) -> Feedback:
+    """the first scenario once, your worktree's server interleaved with the baseline's: latency and throughput"""
+    from infragent.agent.steps import objective
+
+    scenario = target.spec.scenarios[0].model_copy(update={"repeats": 1})
+    with launched(target.spec.target, target.baseline_knobs, ctx.ledger, ctx.run_id, f"{key}/tool",
+                  code=ws.path) as cand:
+        runs = interleaved_repeat(scenario, {"baseline": target.base.base_url, "candidate": cand.base_url},  # type: ignore[union-attr]
+                                  seed=31)
+    values = {side: objective(run) for side, run in runs.items()}
+    latency = {side: sorted(r.latency_s for r in run.records if r.success and not r.warmup)
+               for side, run in runs.items()}
+    medians: dict[str, Any] = {side: (xs[len(xs) // 2] * 1000 if xs else float("nan")) for side, xs in latency.items()}
+    ratio = values["candidate"] / values["baseline"] if values["baseline"] else float("nan")
+    return Feedback("loadgen", "pass" if ratio > 1 else "fail",
+                    f"{scenario.name} once, interleaved: objective {values['candidate']:.3g} vs baseline "
+                    f"{values['baseline']:.3g} (x{ratio:.3f}); median E2E latency {medians['candidate']:.0f} ms vs "
+                    f"{medians['baseline']:.0f} ms (one repeat: a hint, not a verdict)",
+                    numbers={"objective_ratio": Measure(ratio, "x"),
+                             "e2el_median_ms_candidate": Measure(medians["candidate"], "ms"),
+                             "e2el_median_ms_baseline": Measure(medians["baseline"], "ms")})

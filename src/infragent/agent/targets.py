@@ -1,0 +1,85 @@
+"""The one interface the loop has to what it optimizes: a target prepares a candidate (a worktree with a
+patch, and knob values), launches it or loads its callables, probes it cheapest first, and stops it.
+Implementations: the engine and command targets (agent/serving_target.py) and kernel targets
+(agent/kernel_target.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol
+
+from infragent.agent.proposal import Probe, Proposal
+from infragent.lab.spec import Spec
+
+if TYPE_CHECKING:
+    from infragent.agent.context import RunContext
+    from infragent.agent.diagnosis import Diagnostics
+    from infragent.agent.hypotheses import Hypothesis
+    from infragent.agent.workspace import Workspace
+
+
+@dataclass
+class Candidate:
+    """One proposal made concrete: its knob values and, for a patch, the worktree holding it."""
+
+    number: int
+    key: str  # trial/N: the prefix of its ledger records
+    knobs: dict[str, Any]
+    workspace: "Workspace | None"
+    proposal: Proposal
+    experiment: int
+    local: dict[str, Any] | None = None  # the local probe that already judged it (key, verdict, finding)
+
+
+class LoopTarget(Protocol):
+    """What the loop needs from a target."""
+
+    baseline_knobs: dict[str, Any]
+
+    def diagnostics(self, ctx: "RunContext") -> "Diagnostics | None":
+        """The baseline's probes and how their findings pose hypotheses (None: nothing to diagnose)."""
+
+    def session(self, ctx: "RunContext", experiment: int) -> ContextManager[None]:
+        """Whatever lives as long as the trials (a launched baseline and its A/A floor)."""
+
+    def workspace(self, ctx: "RunContext", number: int) -> "Workspace":
+        """A fresh worktree of the target's code for candidate number."""
+
+    def tools(self, ctx: "RunContext", workspace: "Workspace", key: str) -> dict[str, Probe]:
+        """The probes a code proposer may run on its worktree (each charged to the budget)."""
+
+    def info(self, ctx: "RunContext", hypotheses: list["Hypothesis"], trials: list[dict]) -> dict[str, Any]:
+        """What a code proposer is told (JSON): the target, criteria, findings, hypotheses, earlier trials."""
+
+    def judge(self, ctx: "RunContext", candidate: Candidate, hypothesis: "Hypothesis | None") -> dict[str, Any]:
+        """The candidate through the target's probes, cheapest first: status, objective, feasible, why, and
+        `local` (the local probe's key, verdict and finding) when one ran."""
+
+
+def make_target(spec: Spec, spec_path: Path) -> LoopTarget:
+    """The loop's view of the spec's target."""
+    if spec.target.kind == "kernel":
+        from infragent.agent.kernel_target import KernelTarget
+
+        return KernelTarget(spec, spec_path)
+    from infragent.agent.serving_target import ServingTarget
+
+    return ServingTarget(spec, spec_path)
+
+
+def proposal_info(ctx: "RunContext", hypotheses: list["Hypothesis"], trials: list[dict],
+                  findings: dict[str, str]) -> dict[str, Any]:
+    """The JSON context every code proposer gets: spec, target, knobs, criteria, the diagnosis's findings,
+    hypotheses (supported first, refuted ones marked closed) and earlier trials."""
+    from dataclasses import asdict
+
+    spec = ctx.spec
+    order = {"supported": 0, "open": 1, "inconclusive": 2, "refuted": 3}
+    return {"spec": str(ctx.spec_path), "target": spec.target.model_dump(exclude_none=True),
+            "knobs": {n: k.model_dump() for n, k in spec.knobs.items()},
+            "criteria": [c.model_dump(exclude_none=True) for c in spec.criteria],
+            "ladder": findings,
+            "hypotheses": [asdict(h) for h in sorted(hypotheses, key=lambda h: order.get(h.status, 9))],
+            "closed_directions": [h.claim for h in hypotheses if h.status == "refuted"],
+            "previous_trials": [{k: t.get(k) for k in ("trial", "status", "why", "objective", "feasible", "hypothesis")}
+                                for t in trials]}

@@ -1,0 +1,169 @@
+"""The step microbenchmark: the engine's prefill and decode steps timed in-process, baseline against
+candidate, each engine built from its own copy of the code (a worktree's src/) in its own child
+(probes/step_worker.py). The children take turns, one unit at a time in alternating order, so drift on the
+machine falls on both; the verdict comes from the per-round log ratios (candidate/baseline), judged over
+rounds with a t interval against an A/A floor, like the local A/B's blocks. Seconds, not minutes: a patch
+that makes the engine slower or changes its greedy tokens is refuted before any server starts.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infragent.analysis.blocks import aa_floor, block_estimate, block_verdict
+from infragent.probes.feedback import Feedback, Measure
+
+CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
+CONFIDENCE = 0.95
+ANSWER_TIMEOUT_S = 300.0  # a worker that answers nothing this long (engine build or one unit) is killed
+
+
+class StepBenchError(RuntimeError):
+    """A step worker could not start or died; the message carries its stderr tail."""
+
+
+@dataclass
+class Unit:
+    """One batch of work: prompts (token ids) run to max_tokens greedy tokens each."""
+
+    prompts: list[list[int]]
+    max_tokens: int
+
+
+class StepWorker:
+    """One child engine built from `code` (a checkout of this project; None: the installed package)."""
+
+    def __init__(self, code: Path | None, config: dict[str, Any], name: str) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if code is not None:
+            source = code / "src" if (code / "src" / "infragent").is_dir() else code
+            env["PYTHONPATH"] = os.pathsep.join([str(source)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", "infragent.probes.step_worker"], cwd=code, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._send({"config": config})
+        self.code = ""
+
+    def ready(self) -> "StepWorker":
+        """Wait until the child has built its engine (start several first, then wait: they load in parallel)."""
+        self.code = self._answer()["code"]
+        return self
+
+    def run(self, unit: Unit, trace: Path | None = None) -> dict[str, Any]:
+        """Run one unit (under the tracer, saved at trace, when given); its timings and tokens."""
+        return self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
+                          **({"trace": str(trace)} if trace else {})})
+
+    def _ask(self, message: dict) -> dict:
+        self._send(message)
+        return self._answer()
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError):
+            pass  # the answer that never comes says why
+
+    def _answer(self) -> dict:
+        watchdog = threading.Timer(ANSWER_TIMEOUT_S, self.proc.kill)  # a hung child must not hang the loop
+        watchdog.start()
+        try:
+            line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        except OSError:
+            line = ""
+        finally:
+            watchdog.cancel()
+        if not line:
+            self.close()
+            tail = (self.proc.stderr.read() if self.proc.stderr else "").strip().splitlines()[-3:]  # type: ignore[union-attr]
+            raise StepBenchError(f"the {self.name} engine's step worker died: {' | '.join(tail) or 'no output'}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        """Stop the child."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def check_tokens(baseline: StepWorker, candidate: StepWorker, max_tokens: int = 8) -> Feedback:
+    """The output check in-process: greedy tokens of fixed prompts must be identical."""
+    unit = Unit([list(p) for p in CHECK_PROMPTS_IDS], max_tokens)
+    ours, theirs = baseline.run(unit)["tokens"], candidate.run(unit)["tokens"]
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    finding = (f"greedy tokens differ on {len(differ)}/{len(ours)} prompts (first: prompt {differ[0]}: baseline "
+               f"{ours[differ[0]]}, candidate {theirs[differ[0]]})" if differ else
+               f"greedy tokens identical on {len(ours)} prompts ({max_tokens} tokens each), engines from "
+               f"{baseline.code} and {candidate.code}")
+    return Feedback("check", "fail" if differ else "pass", finding, numbers={"mismatches": Measure(len(differ))},
+                    locality={"baseline_code": baseline.code, "candidate_code": candidate.code},
+                    details={"mismatches": [{"prompt": i, "baseline": ours[i], "candidate": theirs[i]} for i in differ]})
+
+
+def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds: int) -> dict[str, list[float]]:
+    """Alternating-order rounds after one warm-up each: per round the log ratios candidate/baseline of the
+    total, the prefill time and the decode time per step."""
+    baseline.run(unit)
+    candidate.run(unit)
+    logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
+    for r in range(rounds):
+        first, second = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
+        done = {first.name: first.run(unit), second.name: second.run(unit)}
+        b, c = done[baseline.name], done[candidate.name]
+        logs["total"].append(math.log((c["prefill_ns"] + c["decode_ns"]) / (b["prefill_ns"] + b["decode_ns"])))
+        logs["prefill"].append(math.log(max(c["prefill_ns"], 1) / max(b["prefill_ns"], 1)))
+        per_step = [max(x["decode_ns"], 1) / max(x["decode_steps"], 1) for x in (b, c)]
+        logs["decode"].append(math.log(per_step[1] / per_step[0]))
+    return logs
+
+
+def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float, rounds: int = 10) -> Feedback:
+    """Candidate against baseline, step by step: pass = faster beyond the floor, fail = slower beyond it."""
+    started = time.monotonic()
+    logs = step_rounds(baseline, candidate, unit, rounds)
+    estimates = {phase: block_estimate(values, CONFIDENCE) for phase, values in logs.items()}
+    total = estimates["total"]
+    outcome = block_verdict(total, floor)
+    numbers = {f"{phase}_ratio": Measure(e.ratio, "x", e.lo, e.hi, e.blocks) for phase, e in estimates.items()}
+    numbers["floor"] = Measure(floor, "log")
+    phases = ", ".join(f"{phase} x{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]" for phase, e in estimates.items())
+    finding = (f"engine steps candidate/baseline: {phases} over {rounds} alternating rounds "
+               f"({len(unit.prompts)} prompts, {unit.max_tokens} tokens each; {CONFIDENCE:.0%} CI); a win needs "
+               f"total x<{math.exp(-floor):.3f}: " + {"win": "a real win", "loss": "a real loss",
+                                                      "inconclusive": "inconclusive"}[outcome])
+    verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
+    return Feedback("step_bench", verdict, finding, numbers,
+                    locality={"slower_phase": max(estimates, key=lambda p: estimates[p].ratio)},
+                    details={"outcome": outcome, "log_ratios": logs, "rounds": rounds,
+                             "seconds": round(time.monotonic() - started, 2)})
+
+
+def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, rounds: int = 10) -> Feedback:
+    """The A/A floor of the step bench: the baseline's engine against a second child of the same code."""
+    logs = step_rounds(baseline, twin, unit, rounds)
+    estimate = block_estimate(logs["total"], CONFIDENCE)
+    floor = aa_floor(estimate)
+    return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
+                    f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} rounds; a step win needs "
+                    f"x<{math.exp(-floor):.3f}", numbers={"aa_floor": Measure(floor, "log"),
+                                                         "aa_ratio": Measure(estimate.ratio, "x", estimate.lo,
+                                                                             estimate.hi, rounds)},
+                    details={"log_ratios": logs})
+
+
+def trace_engine_code(worker: StepWorker, unit: Unit, path: Path) -> Feedback:
+    """record + analyze on one copy of the engine: the unit under the tracer in its child, then attributed."""
+    from infragent.probes.analyze import analyze
+
+    feedback = analyze(worker.run(unit, trace=path)["trace"])
+    feedback.locality["code"] = worker.code
+    return feedback

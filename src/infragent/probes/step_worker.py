@@ -1,0 +1,67 @@
+"""The child side of the step microbenchmark: one engine, built from whichever infragent is first on this
+process's PYTHONPATH (a candidate's worktree or the baseline's), running units of work on command.
+
+    python -m infragent.probes.step_worker   (JSON lines on stdin, one JSON line per answer on stdout)
+
+First line in: {"config": {EngineConfig fields, "hybrid": {...}}}; answer {"ready": true, "code": FOLDER}.
+Then per line in: {"prompts": [[token ids], ...], "max_tokens": N} (and "trace": PATH to run it under the
+tracer); the batch runs to completion, greedy, and the answer is {"prefill_ns", "decode_ns",
+"decode_steps", "tokens"} (and "trace") — steps that ran while some request had no token yet count as
+prefill, the rest as decode.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    """Serve units until stdin closes."""
+    import infragent
+    from infragent.engine.config import EngineConfig, HybridConfig
+    from infragent.engine.llm_engine import LLMEngine
+    from infragent.engine.sampling import SamplingParams
+
+    fields = json.loads(sys.stdin.readline())["config"]
+    hybrid = HybridConfig(**fields.pop("hybrid", {}))
+    engine = LLMEngine(EngineConfig(**fields, hybrid=hybrid))
+    _say({"ready": True, "code": str(Path(infragent.__file__).resolve().parent)})
+    for line in sys.stdin:
+        unit = json.loads(line)
+        if unit.get("trace"):  # the unit under the tracer, saved where asked
+            from infragent.trace import Recorder
+
+            with Recorder(thread_cpu=True) as rec:
+                answer = _run(engine, unit, SamplingParams)
+            _say({**answer, "trace": str(rec.trace().save(unit["trace"]))})
+            continue
+        _say(_run(engine, unit, SamplingParams))
+
+
+def _run(engine, unit: dict, sampling) -> dict:  # noqa: ANN001 (the engine and SamplingParams of this copy)
+    """One unit to completion: prefill and decode time, decode steps, and every request's tokens."""
+    params = sampling(max_tokens=unit["max_tokens"], temperature=0.0, ignore_eos=True)
+    seqs = [engine.add_request(ids, params) for ids in unit["prompts"]]
+    prefill = decode = steps = 0
+    while engine.has_unfinished():
+        decoding = all(s.output_token_ids for s in seqs)
+        started = time.perf_counter_ns()
+        engine.step()
+        spent = time.perf_counter_ns() - started
+        if decoding:
+            decode, steps = decode + spent, steps + 1
+        else:
+            prefill += spent
+    return {"prefill_ns": prefill, "decode_ns": decode, "decode_steps": steps,
+            "tokens": [list(s.output_token_ids) for s in seqs]}
+
+
+def _say(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The loop's core pieces on their own: the search proposer behind the Proposer interface (never the baseline,
+never a tried point, done when the space is), the diagnosis dispatching the cheapest probe that can refute
+each open hypothesis (next_probes posing the next), and hypotheses and candidates as their own records."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infragent.agent.context import Budget, RunContext
+from infragent.agent.diagnosis import diagnose
+from infragent.agent.dispatch import cost_of, probes_in
+from infragent.agent.hypotheses import Hypothesis
+from infragent.agent.proposal import ProposalContext, SearchDone
+from infragent.agent.search import SearchProposer
+from infragent.lab.ledger import Ledger
+from infragent.lab.spec import Knob, Spec
+from infragent.lab.trajectory import chains
+from infragent.probes.feedback import Feedback
+
+
+def context(trials: list[dict], baseline: dict, hypotheses: list[Hypothesis] | None = None) -> ProposalContext:
+    return ProposalContext({}, hypotheses or [], trials, baseline)
+
+
+def test_search_never_proposes_the_baseline_or_a_tried_point_and_ends_when_the_space_does() -> None:
+    knobs = {"tile": Knob(type="choice", domain=[16, 32, 64], default=32, touches=["kda"])}
+    search = SearchProposer(knobs, seed=1)
+    trials: list[dict] = []
+    for _ in range(2):
+        proposal = search.propose(context(trials, {"tile": 32}))
+        assert proposal.knobs["tile"] != 32 and proposal.knobs not in [t["knobs"] for t in trials]
+        result = {"trial": len(trials), "knobs": proposal.knobs, "status": "measured", "objective": 1.0,
+                  "feasible": True}
+        trials.append(result)
+        search.tell(result)
+    with pytest.raises(SearchDone, match="every combination"):
+        search.propose(context(trials, {"tile": 32}))
+
+
+def test_search_learns_replayed_results_and_a_refuted_direction_closes_its_knobs() -> None:
+    knobs = {"seqs": Knob(type="int", domain=[1, 8], default=1, touches=["decode"]),
+             "threads": Knob(type="int", domain=[1, 2], default=1, touches=["mlp"])}
+    search = SearchProposer(knobs, seed=0)
+    search.tell({"knobs": {"seqs": 4, "threads": 2}, "status": "measured", "objective": 3.0, "feasible": True})
+    assert len(search.study.trials) == 1 and search.study.trials[0].params == {"seqs": 4, "threads": 2}
+    assert search.close(["threads"]) == ["threads"] and search.fixed == {"threads": 1}
+    assert search.close(["seqs"]) == []  # the last searched knob stays
+    h = Hypothesis("decode is slow", ["decode"], ["seqs"], "local_ab", "less", key="hypothesis/0")
+    proposal = search.propose(context([], {"seqs": 1, "threads": 1}, [h]))
+    assert proposal.knobs["threads"] == 1 and proposal.hypothesis == "hypothesis/0"
+
+
+def test_next_probes_name_probes_and_probes_have_cost_classes() -> None:
+    assert probes_in(["infragent gil (is one thread starved?)", "bench CANDIDATE --vs REFERENCE",
+                      "wrap the code in spans", "infragent roofline f --inputs ..."]) == ["gil", "bench", "roofline"]
+    assert cost_of("check") < cost_of("bench") < cost_of("gil") == cost_of("roofline") < cost_of("local_ab") \
+        < cost_of("end_to_end")
+
+
+class Planted:
+    """A diagnosis whose observation names two probes; only the gil one finds its cause."""
+
+    observe = ["trace"]
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.probes = {name: self._probe(name) for name in ("trace", "gil", "roofline", "bench")}
+
+    def _probe(self, name: str):  # noqa: ANN202
+        def run() -> Feedback:
+            self.ran.append(name)
+            if name == "trace":
+                return Feedback("analyze", "pass", "two threads never overlap",
+                                next_probes=["infragent gil (starved?)", "infragent roofline (redundant work?)"])
+            if name == "gil":
+                return Feedback("gil", "fail", "kv-transfer waited 80% of its time",
+                                next_probes=["bench the fix against the baseline"])
+            return Feedback(name, "pass", f"{name}: nothing found")
+        return run
+
+    def pose(self, results: dict) -> list[Hypothesis]:
+        named = probes_in([t for r in results.values() for t in r.get("next_probes", [])])
+        return [Hypothesis(f"{p} finds the cause", [], [], p, "it does", locality={"question": p}) for p in named]
+
+    def settle(self, probe: str, hypothesis: Hypothesis, results: dict) -> Hypothesis:
+        record = results[f"ladder/{probe}"]
+        return hypothesis.settle("supported" if record["verdict"] == "fail" else "refuted", f"ladder/{probe}",
+                                 record["finding"])
+
+
+def test_diagnosis_runs_the_cheapest_refuting_probe_first_and_settles_each_hypothesis(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    run = ledger.start_run("optimize", "spec.toml", "x", None)
+    spec = Spec.model_validate({"target": {"kind": "kernel", "candidate": "k.py:f", "reference": "k.py:g",
+                                           "inputs": "k.py:i"}})
+    ctx = RunContext(spec, tmp_path / "spec.toml", ledger, run, Budget(probes=10, minutes=5), lambda line: None)
+    planted = Planted()
+    found = diagnose(ctx, planted, ledger.experiment(run, "baseline", {}))
+    assert planted.ran == ["trace", "gil", "bench", "roofline"]  # posed by next_probes, cheapest open one first
+    assert {h.probe: h.status for h in found} == {"gil": "supported", "roofline": "refuted", "bench": "refuted"}
+    stored = {h["key"]: h for h in ledger.hypotheses(run)}
+    assert stored["hypothesis/0"]["settled_by"] == "ladder/gil" and stored["hypothesis/0"]["status"] == "supported"
+    assert [r["probe"] for r in ledger.probe_results(run)] == ["analyze", "gil", "bench", "roofline"]
+    chain = chains(ledger, run)[0]
+    assert chain["probe_verdict"] == "fail" and chain["decision"].startswith("focus")
+    # resumed: nothing runs again
+    again = Planted()
+    resumed = RunContext(spec, tmp_path / "spec.toml", ledger, run, Budget(probes=10, minutes=5), lambda line: None)
+    assert [h.status for h in diagnose(resumed, again, 1)] == [h.status for h in found] and again.ran == []
