@@ -70,3 +70,39 @@ def test_an_engine_patch_is_accepted_end_to_end_and_a_wrong_one_rejected_at_the_
     assert "trial/1/e2e" in evidence["records"]
     assert fingerprint(checkout) == before  # files, HEAD, branches and index untouched
     subprocess.run(["git", "apply", "--check", fix["exported"]], cwd=checkout, check=True)
+
+
+def test_the_llm_proposer_works_an_engine_worktree_through_charged_probes(tmp_path: Path) -> None:
+    from engine_checkout import PLANTED, RUNNER
+    from infragent.agent.llm_proposer import LLMProposer
+    from scripted_llm import ScriptedLLM
+
+    checkout = planted_checkout(tmp_path / "checkout")
+    before = fingerprint(checkout)
+    (tmp_path / "spec.toml").write_text(SPEC)
+    script = [
+        [{"name": "run_probe", "arguments": {"name": "record"}}],  # where does the worktree's engine spend time?
+        [{"name": "edit_file", "arguments": {"path": RUNNER, "old": PLANTED, "new": ""}}],
+        [{"name": "run_probe", "arguments": {"name": "gates"}}],
+        [{"name": "finish", "arguments": {"rationale": "the LM head ran three extra times per decode step"}}],
+    ]
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    with ScriptedLLM(script) as llm:
+        proposer = LLMProposer(base_url=llm.base_url, model="scripted", api_key="")
+        outcome = optimize(tmp_path / "spec.toml", ledger, Budget(probes=11, minutes=8), proposer, log=print)
+        offered = llm.requests[0]
+    trial = outcome.trials[0]
+    assert trial["status"] == "measured" and trial["feasible"] and trial["proposer"] == "llm", trial
+    records = {r["key"]: r for r in ledger.probe_results(outcome.run_id)}
+    assert records["trial/0/tool/record"]["probe"] == "analyze" and "sample" in records["trial/0/tool/record"]["finding"]
+    assert records["trial/0/tool/gates"]["verdict"] == "pass"
+    assert all(records[k]["feedback"]["details"].get("charged", True) for k in ("trial/0/tool/record", "trial/0/tool/gates"))
+    transcript = records["trial/0/proposal"]["feedback"]["details"]["transcript"]
+    tool_results = [m["content"] for m in transcript if m["role"] == "tool"]
+    assert tool_results[0].startswith("[analyze]") and "[gates] PASS" in tool_results[2]
+    # the tools its prompt names are the tools it has
+    run_probe = next(t for t in offered["tools"] if t["function"]["name"] == "run_probe")
+    names = run_probe["function"]["parameters"]["properties"]["name"]["enum"]
+    assert set(names) == {"check", "bench", "record", "gates", "scenario"}
+    assert all(name in offered["messages"][0]["content"] for name in names)
+    assert fingerprint(checkout) == before
