@@ -56,7 +56,7 @@ def fingerprint(checkout: Path) -> dict[str, str]:
 
 def proposer_script(path: Path, sequence: list[str]) -> Path:
     """A command proposer that edits the worktree's runner: the n-th call applies sequence[n] (fix, wrong,
-    slower, neutral), counting calls in a file next to the script."""
+    slower, slower2, neutral), counting calls in a file next to the script."""
     path.write_text(f'''import json, pathlib, sys
 context = json.load(sys.stdin)
 counter = pathlib.Path({str(path.with_suffix(".calls"))!r})
@@ -71,6 +71,8 @@ if kind == "wrong":
     text = text.replace({WRONG[0]!r}, {WRONG[1]!r})
 if kind == "slower":
     text = text.replace({SAMPLE_LINE!r}, {SLOWER!r} + {SAMPLE_LINE!r})
+if kind == "slower2":
+    text = text.replace("for _ in range(3):", "for _ in range(5):")
 if kind == "neutral":
     text = text.replace({SAMPLE_LINE!r}, {NEUTRAL!r} + {SAMPLE_LINE!r})
 runner.write_text(text)

@@ -76,7 +76,7 @@ def test_loop_runs_gates_in_order_records_everything_and_resumes(tmp_path):
     lines: list[str] = []
     first = optimize(spec, ledger, Budget(probes=4, minutes=10), log=lines.append)  # trace, A/A, a trial
     keys = [r["key"] for r in ledger.probe_results(first.run_id)]
-    assert keys[:2] == ["ladder/trace", "calibration/aa"] and "trial/0/check" in keys
+    assert keys == ["ladder/trace", "trial/0/check", "calibration/aa", "trial/0/local_ab"]
     hypotheses = ledger.hypotheses(first.run_id)
     assert hypotheses and all(h["key"].startswith("hypothesis/") for h in hypotheses)
     assert not any(r["probe"] in ("hypothesis", "trial") for r in ledger.probe_results(first.run_id))

@@ -108,3 +108,42 @@ def test_diagnosis_runs_the_cheapest_refuting_probe_first_and_settles_each_hypot
     again = Planted()
     resumed = RunContext(spec, tmp_path / "spec.toml", ledger, run, Budget(probes=10, minutes=5), lambda line: None)
     assert [h.status for h in diagnose(resumed, again, 1)] == [h.status for h in found] and again.ran == []
+
+
+def test_a_traced_engine_says_its_prefill_is_chunked_and_requests_wait(tmp_path: Path) -> None:
+    import json
+
+    from infragent.agent.serving_target import EngineDiagnostics
+    from infragent.lab.spec import load_spec
+    from server_fixture import TINY_HYBRID
+
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(f"""
+[target]
+kind = "engine"
+model = "hybrid"
+serve_args = ["--hybrid-config", '{json.dumps(TINY_HYBRID)}', "--max-model-len", "512", "--threads", "1"]
+
+[knobs.max_num_batched_tokens]
+type = "int"
+domain = [16, 256]
+default = 16
+
+[knobs.max_num_seqs]
+type = "int"
+domain = [1, 8]
+default = 1
+
+[[scenarios]]
+name = "s"
+random_input_len = 96
+random_output_len = 4
+""")
+    diagnostics = EngineDiagnostics(load_spec(spec_path), {"max_num_batched_tokens": 16, "max_num_seqs": 1})
+    trace = diagnostics.probes["trace"]().to_dict()
+    found = diagnostics.pose({"ladder/trace": trace})
+    chunked = next(h for h in found if h.claim.startswith("prefill is cut into chunks of 16 tokens"))
+    waiting = next(h for h in found if h.claim.startswith("requests wait for a slot"))
+    assert chunked.knobs == ["max_num_batched_tokens"] and waiting.knobs == ["max_num_seqs"]
+    scheduling = trace["details"]["scheduling"]
+    assert scheduling["steps_at_budget"] >= 2 * 5 and scheduling["max_running"] == 1

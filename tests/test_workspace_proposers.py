@@ -13,7 +13,7 @@ import pytest
 
 from infragent.agent.command_proposer import CommandProposer
 from infragent.agent.llm_proposer import LLMProposer
-from infragent.agent.proposal import ProposalError, truncate
+from infragent.agent.proposal import ProposalContext, ProposalError, truncate
 from infragent.agent.workspace import Workspace, WorkspaceError
 from scripted_llm import ScriptedLLM
 
@@ -197,13 +197,18 @@ def _script(tmp_path: Path, name: str, body: str) -> list[str]:
     return [sys.executable, str(path)]
 
 
+def asked(info: dict, ws: Workspace, probes: dict | None = None) -> ProposalContext:
+    """A proposer's context for one worktree: the JSON info, no hypotheses or trials yet."""
+    return ProposalContext(info, [], [], {}, ws, probes or {})
+
+
 def test_command_proposer(repo: Path, tmp_path: Path) -> None:
     home = tmp_path / "home"
     printer = _script(tmp_path, "printer.py",
                       "assert context['hypothesis'] == 'h' and context['root'].endswith('pkg')\n"
                       f"sys.stdout.write({PATCH!r})\n")
     with Workspace.create(repo / "pkg", home, "c1") as ws:
-        proposal = CommandProposer(printer).propose({"hypothesis": "h"}, ws)
+        proposal = CommandProposer(printer).propose(asked({"hypothesis": "h"}, ws))
         assert proposal.proposer == "command" and "+    # one multiply per element" in proposal.patch
         assert proposal.transcript[0]["rc"] == 0 and proposal.cost_s > 0
 
@@ -213,17 +218,17 @@ def test_command_proposer(repo: Path, tmp_path: Path) -> None:
                      "p.write_text(p.read_text().replace('a + b', 'b + a'))\n"
                      "print(json.dumps({'rationale': 'commute'}))\n")
     with Workspace.create(repo / "pkg", home, "c2") as ws:
-        proposal = CommandProposer(" ".join(editor)).propose({}, ws)
+        proposal = CommandProposer(" ".join(editor)).propose(asked({}, ws))
         assert proposal.rationale == "commute" and "+    return b + a" in proposal.patch
 
     failing = _script(tmp_path, "failing.py", "sys.stderr.write('x' * 5000 + 'the real reason')\nsys.exit(1)\n")
     with Workspace.create(repo / "pkg", home, "c3") as ws:
         with pytest.raises(ProposalError, match=r"(?s)rc 1.*characters cut.*the real reason") as error:
-            CommandProposer(failing).propose({}, ws)
+            CommandProposer(failing).propose(asked({}, ws))
         assert "failing.py" in str(error.value)
         idle = _script(tmp_path, "idle.py", "print('nothing to do')\n")
         with pytest.raises(ProposalError, match="changed nothing"):
-            CommandProposer(idle).propose({}, ws)
+            CommandProposer(idle).propose(asked({}, ws))
     assert git(repo, "status", "--porcelain") == ""
 
 
@@ -250,13 +255,16 @@ def test_llm_proposer_against_a_scripted_server(repo: Path, tmp_path: Path) -> N
     ]
     with ScriptedLLM(script) as llm, Workspace.create(repo / "pkg", tmp_path / "home", "l") as ws:
         proposer = LLMProposer(base_url=llm.base_url, model="m", api_key="", tool_output_limit=500)
-        proposal = proposer.propose({"hypothesis": "scale is slow"}, ws, probes={"bench": bench})
+        proposal = proposer.propose(asked({"hypothesis": "scale is slow"}, ws, {"bench": bench}))
         requests = llm.requests
     assert proposal.proposer == "llm" and proposal.rationale == "k first"
     assert "+    return [k * x for x in xs]" in proposal.patch and "outside" not in proposal.patch
     assert outside.read_text() == "untouched\n" and calls == [{"repeats": 3}]
     assert len(requests) == 4 and requests[0]["tool_choice"] == "auto"
-    assert {t["function"]["name"] for t in requests[0]["tools"]} >= {"read_file", "edit_file", "run_tests", "finish"}
+    assert {t["function"]["name"] for t in requests[0]["tools"]} >= {"read_file", "edit_file", "run_tests", "run_probe",
+                                                                     "finish"}
+    assert "run_probe runs one of the loop's probes on your worktree as it stands (bench)" in \
+        requests[0]["messages"][0]["content"]
     assert "scale is slow" in requests[0]["messages"][1]["content"]
 
     tool_results = [m["content"] for m in requests[-1]["messages"] if m["role"] == "tool"]
@@ -289,11 +297,11 @@ def test_llm_proposer_failures(repo: Path, tmp_path: Path, monkeypatch: pytest.M
     with Workspace.create(repo, tmp_path / "home", "f") as ws:
         with ScriptedLLM(looping) as llm:
             with pytest.raises(ProposalError, match="no finish within 3 turns") as error:
-                LLMProposer(llm.base_url, "m", max_turns=3).propose({}, ws)
+                LLMProposer(llm.base_url, "m", max_turns=3).propose(asked({}, ws))
             assert "pkg/mod.py" in error.value.transcript[3]["content"]
         with ScriptedLLM(idle) as llm:
             with pytest.raises(ProposalError, match="finished without changing anything"):
-                LLMProposer(llm.base_url, "m").propose({}, ws)
+                LLMProposer(llm.base_url, "m").propose(asked({}, ws))
 
 
 def test_truncate_keeps_head_and_tail() -> None:

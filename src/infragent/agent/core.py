@@ -72,6 +72,7 @@ def _optimize(ctx: RunContext, target: LoopTarget, proposer: Proposer | None) ->
     hypotheses = diagnose(ctx, diagnostics, base_exp) if diagnostics is not None else []
     if proposer is None:
         proposer = SearchProposer(ctx.spec.knobs, suspects(hypotheses) or None, seed=ctx.seed)
+        proposer.close(_closed_knobs(hypotheses))  # directions refuted before a resume stay closed
         ctx.log(f"searching {', '.join(proposer.knobs)} (knobs acting on the suspects); fixed: {proposer.fixed or '-'}")
     outcome = Outcome(ctx.run_id, {"knobs": target.baseline_knobs}, None, hypotheses=hypotheses, events=ctx.events)
     replays = {c["trial"]: c for c in ctx.ledger.candidates(ctx.run_id)}
@@ -139,6 +140,7 @@ def _trial(ctx: RunContext, target: LoopTarget, proposer: Proposer, number: int,
             hypothesis = next((h for h in hypotheses if h.key == proposal.hypothesis), None)
             judged = target.judge(ctx, candidate, hypothesis)
             result.update(judged)
+            _attribute(ctx, hypotheses, result)
             if ws is not None and result["status"] == "measured" and result["feasible"]:
                 path = ws.export(ctx.artifact_home("patches"), {
                     "run": ctx.run_id, "trial": number, "rationale": proposal.rationale, "proposer": proposer.name,
@@ -149,6 +151,15 @@ def _trial(ctx: RunContext, target: LoopTarget, proposer: Proposer, number: int,
             return _store(ctx, result, result.pop("why"))
     except WorkspaceError as err:
         return _store(ctx, result, f"workspace: {str(err)[:300]}")
+
+
+def _attribute(ctx: RunContext, hypotheses: list[Hypothesis], result: dict) -> None:
+    """A win localized to a span bears on the hypothesis about that span, whichever one the proposal named."""
+    spans = (result.get("local") or {}).get("spans") or []
+    named = next((h for h in hypotheses if set(spans) & set(h.spans)), None)
+    if named is not None and named.key != result.get("hypothesis"):
+        ctx.log(f"  the win came from {spans[0]!r}: it bears on {named.key}, not {result.get('hypothesis')}")
+        result["hypothesis"] = named.key
 
 
 def _store(ctx: RunContext, result: dict, why: str) -> dict:
@@ -168,27 +179,36 @@ def _records_of(ctx: RunContext, key: str) -> list[str]:
 
 
 def _learn(ctx: RunContext, hypotheses: list[Hypothesis], result: dict, proposer: Proposer) -> None:
-    """Settle the hypothesis a candidate tested by its local probe: a win supports it; REFUTING_TRIALS
-    candidates without one refute it, and the search closes the knobs only it pointed at."""
-    h = next((h for h in hypotheses if h.key == result.get("hypothesis")), None)
+    """Settle the hypothesis a candidate tested by its local probe: a win supports it; REFUTING_TRIALS knob
+    candidates without one refute it, and the search closes the knobs only it pointed at. (A bad patch
+    refutes the patch, not the hypothesis: the time may still be where the hypothesis says.)"""
     local = result.get("local")
+    h = next((h for h in hypotheses if h.key == result.get("hypothesis")), None)
     if h is None or local is None or h.status not in ("open", "inconclusive"):
         return
     if local["verdict"] == "pass":
         h.settle("supported", local["key"], local["finding"])
+    elif result.get("patch"):
+        return
     else:
-        tried = [t for t in ctx.ledger.candidates(ctx.run_id) if t.get("hypothesis") == h.key and t.get("local")]
+        tried = [t for t in ctx.ledger.candidates(ctx.run_id)
+                 if t.get("hypothesis") == h.key and t.get("local") and not t.get("patch")]
         if len(tried) < REFUTING_TRIALS:
             return
         h.settle("refuted", local["key"], f"{len(tried)} candidates for it showed no local win; last: "
                                           f"{local['finding']}")
-        others = {k for o in hypotheses if o is not h and o.status in ("open", "supported") for k in o.knobs}
-        closed = proposer.close([k for k in h.knobs if k not in others]) if hasattr(proposer, "close") else []
+        closed = proposer.close(_closed_knobs(hypotheses)) if isinstance(proposer, SearchProposer) else []
         if closed:
             ctx.log(f"  closed {', '.join(closed)}: {h.key} is refuted")
     ctx.ledger.record_hypothesis(ctx.run_id, h.key, asdict(h))
     ctx.log(f"  [{h.key}] {h.status.upper()} by {h.settled_by}: {h.claim}")
-    ctx.note(f"{h.key} {h.status}")
+    ctx.note(f"{h.key} {h.status}: {h.claim}")
+
+
+def _closed_knobs(hypotheses: list[Hypothesis]) -> list[str]:
+    """Knobs that only refuted hypotheses point at."""
+    alive = {k for h in hypotheses if h.status != "refuted" for k in h.knobs}
+    return [k for h in hypotheses if h.status == "refuted" for k in h.knobs if k not in alive]
 
 
 def _proposal_feedback(proposal: Proposal | None, error: str, transcript: list | None) -> dict:

@@ -76,4 +76,4 @@ def _store(ctx: RunContext, h: Hypothesis) -> None:
         ctx.log(f"  [{h.key}] posed: {h.claim}; probe: {h.probe}; predicts {h.predicted}")
     else:
         ctx.log(f"  [{h.key}] {h.status.upper()} by {h.settled_by}: {h.claim}")
-        ctx.note(f"{h.key} {h.status}")
+    ctx.note(f"{h.key} {h.status}: {h.claim}")

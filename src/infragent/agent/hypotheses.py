@@ -59,6 +59,33 @@ def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis
     return found
 
 
+def from_scheduling(found: dict | None, knobs: dict[str, Knob]) -> list[Hypothesis]:
+    """Hypotheses from how the scheduler shaped a traced run: prefill cut into chunks at the token budget (the
+    max_num_batched_tokens knob), requests waiting while the batch is full (max_num_seqs)."""
+    if not found:
+        return []
+    out = []
+    chunked = found["steps_at_budget"]
+    if found["prefill_steps"] and chunked / found["prefill_steps"] >= 0.5 and chunked >= 2:
+        per = found["prefill_tokens"] / max(found["prefill_steps"], 1)
+        out.append(Hypothesis(
+            claim=f"prefill is cut into chunks of {found['token_budget']} tokens (max_num_batched_tokens): "
+                  f"{chunked} of {found['prefill_steps']} prefill steps hit the budget ({per:.0f} tokens per step), "
+                  f"{found['step_share']:.0%} of step time in prefill",
+            spans=["prefill", "schedule"], knobs=[n for n in knobs if n == "max_num_batched_tokens"],
+            probe="local_ab", predicted="a larger token budget needs fewer, fuller prefill steps: a lower TTFT",
+            cites={"ladder/trace:details/scheduling/steps_at_budget": chunked,
+                   "ladder/trace:details/scheduling/prefill_steps": found["prefill_steps"]}))
+    if found["samples"] and found["waiting_samples"] / found["samples"] >= 0.2:
+        out.append(Hypothesis(
+            claim=f"requests wait for a slot: the batch is full at max_num_seqs = {found['seq_limit']} while others "
+                  f"wait in {found['waiting_samples']} of {found['samples']} steps",
+            spans=["decode", "schedule"], knobs=[n for n in knobs if n == "max_num_seqs"], probe="local_ab",
+            predicted="more sequences per step serve the queue sooner: lower TTFT and more goodput",
+            cites={"ladder/trace:details/scheduling/waiting_samples": found["waiting_samples"]}))
+    return out
+
+
 def suspects(hypotheses: list[Hypothesis]) -> list[str]:
     """Span names under suspicion (those with knobs first)."""
     ordered = [h for h in hypotheses if h.knobs] + [h for h in hypotheses if not h.knobs]

@@ -4,7 +4,8 @@ and each candidate launched on its own port (its listener proven to be its proce
 cheapest first: the output check (or the quality gates) → the local probe its hypothesis calls for (a short
 A/B over blocks, a win beyond the A/A floor) → end to end, interleaved with the baseline, every criterion per
 phase and bucket (more repeats while one is inconclusive). A candidate that dies voids its trial; a
-baseline that dies ends the run. With --feedback e2e-only, the check then end to end only.
+baseline that dies ends the run. With --feedback e2e-only, end to end only: the candidate's greedy outputs
+are then judged there too (identical on twin requests), not by a check first.
 
 With `code = PATH` the target's code is patchable: the baseline runs from a worktree of PATH as it stands,
 each patch from its own worktree. A patch to the engine goes first through the spec's tests, then the
@@ -22,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infragent.agent.context import RunContext
-from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis
+from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis, from_scheduling
+from infragent.analysis.scheduling import scheduling
 from infragent.agent.proposal import Probe
 from infragent.agent.steps import aa_calibration, check_outputs, end_to_end, local_ab, quality_gate
 from infragent.agent.targets import Candidate, proposal_info
@@ -33,7 +35,8 @@ from infragent.lab.spec import QUALITY_METRICS, Spec
 from infragent.lab.target import TargetDied, TargetError, TargetProcess, engine_config, require_own_ports
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback, Measure
-from infragent.probes.step_bench import StepBenchError, StepWorker, Unit, check_tokens, step_bench, step_floor
+from infragent.probes.step_bench import (StepBenchError, StepWorker, Unit, check_tokens, span_shift, step_bench,
+                                         step_floor)
 
 TESTS_TIMEOUT_S = 900.0
 
@@ -59,7 +62,8 @@ class EngineDiagnostics:
         if trace is None:
             return []
         analysis = Feedback(**{k: v for k, v in trace.items() if k in ("probe", "verdict", "finding", "details")})
-        found = from_analysis(analysis, self.spec.knobs)
+        found = from_scheduling(trace.get("details", {}).get("scheduling"), self.spec.knobs)
+        found += from_analysis(analysis, self.spec.knobs)
         for h in found:
             if self.spec.target.code and not h.knobs and h.probe == "roofline":
                 h.probe = "step_bench"  # no knob acts on it, but a patch can: the step bench refutes one in seconds
@@ -79,7 +83,7 @@ class ServingTarget:
         self.spec, self.spec_path = spec, spec_path
         self.baseline_knobs = default_knobs(spec)
         self.base: TargetProcess | None = None
-        self.floor = 0.0
+        self.base_experiment: int | None = None
         self.code_dir = (spec_path.parent / spec.target.code).resolve() if spec.target.code else None
         self.base_code: Workspace | None = None  # the baseline's worktree of code_dir, for the whole run
 
@@ -89,23 +93,22 @@ class ServingTarget:
 
     @contextlib.contextmanager
     def session(self, ctx: RunContext, experiment: int) -> Iterator[None]:
-        """The baseline launched for the whole run (from a worktree of the code, when it has one), and the A/A
-        floor against a twin launch of it."""
+        """The baseline launched for the whole run (from a worktree of the code, when it has one)."""
         with contextlib.ExitStack() as stack:
             if self.code_dir is not None:
                 self.base_code = stack.enter_context(Workspace.create(
                     self.code_dir, ctx.artifact_home("workspaces"), f"run-{ctx.run_id}-baseline-{_stamp()}"))
             base = stack.enter_context(launched(self.spec.target, self.baseline_knobs, ctx.ledger, ctx.run_id,
                                                 "baseline", code=self._code(self.base_code)))
-            self.base = base
-            self.floor = self._aa_floor(ctx, experiment)
+            self.base, self.base_experiment = base, experiment
             try:
                 yield
             finally:
                 self.base = None
 
-    def _aa_floor(self, ctx: RunContext, experiment: int) -> float:
-        """The A/A floor for local wins, measured once per run (a resumed run reuses it from the ledger)."""
+    def _aa_floor(self, ctx: RunContext) -> float:
+        """The A/A floor for local wins: the baseline against a twin launch of it, measured once per run when a
+        local A/B first needs it (a resumed run reuses it from the ledger)."""
         key = "calibration/aa"
         if key not in ctx.done:
             started = time.monotonic()
@@ -113,7 +116,7 @@ class ServingTarget:
                           code=self._code(self.base_code)) as twin:
                 feedback = self._probe(lambda: aa_calibration(self.spec.scenarios[0], self.base.base_url,
                                                               twin.base_url, seed=7), twin)
-            ctx.record(key, feedback, experiment, started)
+            ctx.record(key, feedback, self.base_experiment, started)
         return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
 
     def workspace(self, ctx: RunContext, number: int) -> Workspace:
@@ -158,7 +161,7 @@ class ServingTarget:
         try:
             with launched(self.spec.target, candidate.knobs, ctx.ledger, ctx.run_id, key,
                           code=self._code(candidate.workspace)) as cand:
-                if not gated and not checked:
+                if not gated and not checked and ctx.feedback == "ladder":  # e2e-only: outputs judged end to end
                     started = time.monotonic()
                     check = ctx.record(f"{key}/check", self._probe(lambda: check_outputs(base_url, cand.base_url),
                                                                    cand), experiment, started)
@@ -166,21 +169,23 @@ class ServingTarget:
                         return {"why": "check: greedy outputs differ from the baseline's"}
                 local = candidate.local
                 if ctx.feedback == "ladder" and local is None:
+                    floor = self._aa_floor(ctx)
                     started = time.monotonic()
                     record = ctx.record(f"{key}/local_ab", self._probe(lambda: local_ab(
                         self.spec.scenarios[0], base_url, cand.base_url, seed=100 + candidate.number,
-                        floor=self.floor), cand), experiment, started)
+                        floor=floor), cand), experiment, started)
                     local = {"key": record["key"], "verdict": record["verdict"], "finding": record["feedback"]["finding"]}
                     if record["verdict"] != "pass":
                         what = "a real local loss" if record["verdict"] == "fail" else "no win beyond the A/A floor"
                         return {"local": local, "why": f"local A/B: {what}; not worth an end-to-end run"}
                     if not ctx.left():
                         return {"local": local, "why": "local A/B: a win, but no budget left for end-to-end"}
+                floor = self._aa_floor(ctx)  # a kept change must improve beyond it (e2e-only too)
                 started = time.monotonic()
-                e2e, score, raw = end_to_end(self.spec, base_url, cand.base_url,
+                e2e, score, raw = end_to_end(self.spec, base_url, cand.base_url, floor=floor,
                                              repeats_offset=1000 * (candidate.number + 1),
                                              more=lambda: ctx.minutes() < ctx.budget.minutes,
-                                             alive=lambda: self._alive(cand))
+                                             alive=lambda: self._alive(cand), same_outputs=not gated)
                 ctx.record(f"{key}/e2e", e2e, experiment, started)
                 for name, fb in raw.items():  # the raw records of the e2e probe above (its cost is there)
                     ctx.record(f"{key}/{name}", fb, experiment, time.monotonic(), charge=False)
@@ -216,10 +221,17 @@ class ServingTarget:
                 started = time.monotonic()
                 bench = ctx.record(f"{candidate.key}/step_bench", step_bench(base, cand, step_unit(self.spec), floor),
                                    candidate.experiment, started)
+                if bench["verdict"] == "pass":  # which span the win came from: the hypothesis it supports
+                    started = time.monotonic()
+                    where = ctx.record(f"{candidate.key}/record", span_shift(base, cand, step_unit(self.spec),
+                                                                            artifact_dir()),
+                                       candidate.experiment, started)
+                    candidate.spans = [where["feedback"]["locality"]["span"]]
         except StepBenchError as err:
             ctx.record(f"{candidate.key}/check", Feedback("check", "fail", str(err)[:600]), candidate.experiment, started)
             return {"why": f"check: {str(err)[:300]}"}
-        candidate.local = {"key": bench["key"], "verdict": bench["verdict"], "finding": bench["feedback"]["finding"]}
+        candidate.local = {"key": bench["key"], "verdict": bench["verdict"], "finding": bench["feedback"]["finding"],
+                           "spans": candidate.spans}
         if bench["verdict"] != "pass":
             what = "a real loss" if bench["verdict"] == "fail" else "no win beyond its A/A floor"
             return {"local": candidate.local, "why": f"step bench: {what}; not worth a server launch"}
@@ -261,28 +273,34 @@ class ServingTarget:
 
 
 def trace_engine(spec: Spec, knobs: dict) -> Feedback:
-    """Run a few requests shaped like the first scenario through the engine in-process, traced; analyze."""
+    """Run a few requests shaped like the first scenario through the engine in-process, traced; analyze it,
+    and say how the scheduler shaped it (analysis/scheduling.py)."""
     from infragent.engine.llm_engine import LLMEngine
     from infragent.engine.sampling import SamplingParams
     from infragent.probes.analyze import analyze
     from infragent.trace import Recorder
 
-    engine = LLMEngine(engine_config(spec.target, knobs))
+    config = engine_config(spec.target, knobs)
+    engine = LLMEngine(config)
     with Recorder(thread_cpu=True) as rec:
         for ids, out in engine_workload(spec, knobs):
             engine.add_request(ids, SamplingParams(max_tokens=out, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
-    path = rec.trace().save(artifact_dir() / f"trace-baseline-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    return analyze(path)
+    engine.close()
+    trace = rec.trace()
+    path = trace.save(artifact_dir() / f"trace-baseline-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    feedback = analyze(path)
+    feedback.details["scheduling"] = scheduling(trace, config.max_num_batched_tokens, config.max_num_seqs).to_dict()
+    return feedback
 
 
 def step_unit(spec: Spec) -> Unit:
-    """The step bench's batch: up to 4 of the first scenario's prompts (at most 256 tokens), 16 tokens each."""
+    """The step bench's batch: two of the first scenario's prompts (at most 128 tokens), 12 tokens each —
+    prefill and decode steps of the scenario's kind, small enough for a unit to take well under a second."""
     scenario = spec.scenarios[0]
-    width = min(scenario.max_concurrency or 4, 4)
-    prompts = [ids[:256] for ids, _ in engine_workload(spec, {}, prompts=width, seed=11)]
-    return Unit(prompts, min(scenario.random_output_len, 16))
+    prompts = [ids[:128] for ids, _ in engine_workload(spec, {}, prompts=2, seed=11)]
+    return Unit(prompts, min(scenario.random_output_len, 12))
 
 
 @contextlib.contextmanager

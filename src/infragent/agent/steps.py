@@ -11,7 +11,8 @@ from typing import Callable
 import httpx
 import numpy as np
 
-from infragent.analysis.blocks import aa_floor, block_estimate, block_log_ratios, block_verdict, could_still_win
+from infragent.analysis.blocks import (BlockEstimate, aa_floor, block_estimate, block_log_ratios, block_verdict,
+                                      could_still_win)
 from infragent.analysis.serving_metrics import serving_metrics
 from infragent.analysis.stats import bootstrap_median
 from infragent.lab.criteria import Judgement, Run, judge, judge_interval
@@ -153,12 +154,20 @@ def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: i
                     details={"log_ratios": ratios, "confidence": LOCAL_CONFIDENCE})
 
 
+OUTPUT_AGREEMENT = 0.9  # greedy outputs identical on at least this share of twin requests (batching may flip a few)
+
+
 def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset: int = 0,
-               more: Callable[[], bool] = lambda: False,
-               alive: Callable[[], None] = lambda: None) -> tuple[Feedback, dict, dict[str, Feedback]]:
+               more: Callable[[], bool] = lambda: False, alive: Callable[[], None] = lambda: None,
+               same_outputs: bool = True, floor: float | None = None) -> tuple[Feedback, dict, dict[str, Feedback]]:
     """Every scenario's repeats, interleaved with the baseline; every criterion judged per phase and bucket.
     While a criterion is inconclusive and none fails, one more repeat of every scenario is run as long as
     more() allows (the budget), up to twice the scenario's repeats. alive() raises when a target died.
+    same_outputs: the candidate's greedy outputs must match the baseline's on twin requests (at least
+    OUTPUT_AGREEMENT of them); off where outputs may differ by design (quality criteria judge those).
+    floor: the A/A floor (log); when given, a candidate is kept only if it also improves the objective beyond
+    it — the CI of the per-repeat objective ratio (candidate/baseline, twin repeats) lies above exp(floor) —
+    so a change that passes every criterion but makes nothing better is not kept.
 
     Returns the verdict, the objective for the proposer, and per scenario and side a loadgen-shaped
     Feedback whose evidence holds the raw records (what the report draws)."""
@@ -175,31 +184,67 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
     repeats = max(s.repeats for s in spec.scenarios)
     for repeat in range(repeats):
         repeat_all(repeat)
+    first = spec.scenarios[0].name
+
+    def gain() -> BlockEstimate:  # the objective, candidate/baseline, over twin repeats of the first scenario
+        values = [objective(r) for r in runs[first]["baseline"]], [objective(r) for r in runs[first]["candidate"]]
+        return block_estimate([math.log(max(cv, 1e-9) / max(bv, 1e-9)) for bv, cv in zip(*values)], 0.95)
+
+    def undecided(judgements: list[Judgement]) -> bool:
+        if any(j.verdict == "fail" for j in judgements):
+            return False
+        g = gain()
+        may_improve = floor is not None and not g.lo > math.exp(floor) and g.hi > math.exp(floor)
+        return any(j.verdict == "inconclusive" for j in judgements) or may_improve
+
     judgements = _judge_all(spec, runs)
     extra = 0
-    while (any(j.verdict == "inconclusive" for j in judgements) and not any(j.verdict == "fail" for j in judgements)
-           and extra < repeats and more()):
+    while undecided(judgements) and extra < repeats and more():
         repeat_all(repeats + extra, extra=True)
         extra += 1
         judgements = _judge_all(spec, runs)
-    first = spec.scenarios[0].name
     values = {side: [objective(r) for r in runs[first][side]] for side in ("baseline", "candidate")}
     b, c = bootstrap_median(values["baseline"]), bootstrap_median(values["candidate"])
+    agreement, compared = output_agreement(runs)
+    wrong = same_outputs and compared > 0 and agreement < OUTPUT_AGREEMENT
+    gain_ = gain()
+    flat = floor is not None and not gain_.lo > math.exp(floor)
     failed = [j for j in judgements if j.verdict == "fail"]
     unsure = [j for j in judgements if j.verdict == "inconclusive"]
-    verdict = "fail" if failed else "inconclusive" if unsure else "pass"
+    verdict = "fail" if failed or wrong else "inconclusive" if unsure or flat else "pass"
     finding = (f"objective {c.fmt(3)} vs baseline {b.fmt(3)} ({first}); "
+               + (f"greedy outputs differ from the baseline's on {1 - agreement:.0%} of {compared} twin requests; "
+                  if wrong else "")
+               + (f"no improvement beyond the A/A floor (objective x{gain_.ratio:.3f} [{gain_.lo:.3f}, {gain_.hi:.3f}] "
+                  f"over {gain_.blocks} twin repeats; a kept change needs x>{math.exp(floor):.3f}); " if flat else "")
                + (f"{len(failed)} criteria fail: {failed[0].message}" if failed else
                   f"{len(unsure)} inconclusive: {unsure[0].message}" if unsure else
                   f"all {len(judgements)} criteria pass")
                + (f" (after {extra} extra repeat{'s' if extra > 1 else ''} to decide)" if extra else ""))
     feedback = Feedback("end_to_end", verdict, finding,
                         numbers={"objective_baseline": Measure(b.median, "", b.lo, b.hi, len(values["baseline"])),
-                                 "objective_candidate": Measure(c.median, "", c.lo, c.hi, len(values["candidate"]))},
+                                 "objective_candidate": Measure(c.median, "", c.lo, c.hi, len(values["candidate"])),
+                                 "output_agreement": Measure(agreement, "share", n=compared),
+                                 "objective_ratio": Measure(gain_.ratio, "x", gain_.lo, gain_.hi, gain_.blocks)},
                         details={"judgements": [asdict(j) for j in judgements], "objective_samples": values})
     raw = {f"{name}/{side}": _as_loadgen(scenario_of(spec, name), sides[side], side)
            for name, sides in runs.items() for side in sides}
-    return feedback, {"objective": float(np.median(values["candidate"])), "feasible": not failed and not unsure}, raw
+    feasible = not failed and not unsure and not wrong and not flat
+    return feedback, {"objective": float(np.median(values["candidate"])), "feasible": feasible}, raw
+
+
+def output_agreement(runs: dict[str, dict[str, list[Run]]]) -> tuple[float, int]:
+    """(share of twin requests — same scenario, repeat and index — whose generated text is identical on both
+    sides, how many were compared)."""
+    same = compared = 0
+    for sides in runs.values():
+        for base, cand in zip(sides["baseline"], sides["candidate"]):
+            theirs = {r.index: r.output_digest for r in cand.records if r.success and not r.warmup and r.output_digest}
+            for r in base.records:
+                if r.success and not r.warmup and r.output_digest and r.index in theirs:
+                    compared += 1
+                    same += theirs[r.index] == r.output_digest
+    return (same / compared if compared else float("nan")), compared
 
 
 def _judge_all(spec: Spec, runs: dict[str, dict[str, list[Run]]]) -> list[Judgement]:

@@ -4,7 +4,7 @@ Implementations: the engine and command targets (agent/serving_target.py) and ke
 (agent/kernel_target.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Protocol
 
@@ -29,6 +29,7 @@ class Candidate:
     proposal: Proposal
     experiment: int
     local: dict[str, Any] | None = None  # the local probe that already judged it (key, verdict, finding)
+    spans: list[str] = field(default_factory=list)  # where a win came from, when a probe localized it
 
 
 class LoopTarget(Protocol):

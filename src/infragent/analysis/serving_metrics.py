@@ -36,6 +36,7 @@ class RequestRecord:
     output_tokens: int = 0  # from the server's usage
     error: str = ""
     warmup: bool = False
+    output_digest: str = ""  # a hash of the generated text (greedy runs of two servers should match)
 
     @property
     def tpot_s(self) -> float:

@@ -351,10 +351,17 @@ def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
         return lines
     first = ("trace the baseline and attribute it -> hypotheses (suspect spans -> knobs)" if target.kind == "engine"
              else "no trace (a command target is a black box): every knob is a suspect")
-    lines.append(f"steps: {first} -> launch the baseline and a twin of it on their own ports: the A/A floor -> per "
-                 "proposal: launch on its own port (the listener proven to be its process group) -> check greedy "
-                 "outputs -> local A/B over blocks (a win beyond the A/A floor) -> end-to-end only after a local win, "
-                 "more repeats while a criterion is inconclusive -> judge every criterion per phase and bucket -> ledger")
+    if target.code:
+        lines.append(f"code: {target.code} (baseline and every patch run from their own git worktrees of it; your tree "
+                     "is never touched)" + (f"; tests: {target.tests}" if target.tests else ""))
+        if target.kind == "engine":
+            lines.append("per patch, before any server starts: the spec's tests -> greedy tokens in-process vs the "
+                         "baseline's code -> the step microbenchmark (prefill and decode steps, alternating rounds)")
+    lines.append(f"steps: {first} -> launch the baseline on its own port -> per proposal: launch on its own port (the "
+                 "listener proven to be its process group) -> check greedy outputs -> local A/B over blocks (a win "
+                 "beyond the A/A floor, measured against a twin launch of the baseline when first needed) -> "
+                 "end-to-end only after a local win, more repeats while a criterion is inconclusive -> judge every "
+                 "criterion per phase and bucket -> ledger (--feedback e2e-only: end to end only)")
     if target.kind == "command" and "{port}" not in (target.command or ""):
         lines.append("refused: [target] command has no {port}; optimize runs the baseline and each candidate at once, "
                      "so each launch needs its own port (add --port {port}, and {port} in base_url and ready_url)")

@@ -7,6 +7,7 @@ little per request (the capacity target: 1,000 req/s on one core with at most 1 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -85,6 +86,7 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
                          clock: Callable[[], float], on_text: Callable[[str], None] | None = None) -> None:
     """POST body with stream=true and fill record (TTFT, ITL, latency, usage) as vLLM's client does."""
     reusable, conn = False, None
+    output = hashlib.sha256()  # of the generated text: whether two servers said the same thing
     start = clock()  # as vLLM: the clock starts before the connection is made or reused
     record.start_s = start
     try:
@@ -111,13 +113,16 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
                 else:
                     record.itl_s.append(now - last)
                 last = now
+                text = choices[0].get("text")
+                piece = text if text is not None else (choices[0].get("delta") or {}).get("content") or ""
+                output.update(piece.encode())
                 if on_text is not None:
-                    text = choices[0].get("text")
-                    on_text(text if text is not None else (choices[0].get("delta") or {}).get("content") or "")
+                    on_text(piece)
             elif data.get("usage"):
                 record.prompt_tokens = int(data["usage"].get("prompt_tokens") or 0)
                 record.output_tokens = int(data["usage"].get("completion_tokens") or 0)
         record.latency_s = last - start
+        record.output_digest = output.hexdigest()[:16]
         record.success = first_chunk
         if not first_chunk:
             record.error = "stream ended without a token chunk"

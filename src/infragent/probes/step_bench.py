@@ -23,6 +23,7 @@ from infragent.probes.feedback import Feedback, Measure
 
 CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
 CONFIDENCE = 0.95
+WARMUP_UNITS = 2
 ANSWER_TIMEOUT_S = 300.0  # a worker that answers nothing this long (engine build or one unit) is killed
 
 
@@ -42,7 +43,8 @@ class StepWorker:
     """One child engine built from `code` (a checkout of this project; None: the installed package)."""
 
     def __init__(self, code: Path | None, config: dict[str, Any], name: str) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",  # same hashing in every child
+               "OMP_WAIT_POLICY": "PASSIVE"}  # an idle child's threads must not spin on the cores the other times
         if code is not None:
             source = code / "src" if (code / "src" / "infragent").is_dir() else code
             env["PYTHONPATH"] = os.pathsep.join([str(source)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -112,8 +114,9 @@ def check_tokens(baseline: StepWorker, candidate: StepWorker, max_tokens: int = 
 def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds: int) -> dict[str, list[float]]:
     """Alternating-order rounds after one warm-up each: per round the log ratios candidate/baseline of the
     total, the prefill time and the decode time per step."""
-    baseline.run(unit)
-    candidate.run(unit)
+    for _ in range(WARMUP_UNITS):  # a fresh process's first units pay for page faults and allocator growth
+        baseline.run(unit)
+        candidate.run(unit)
     logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     for r in range(rounds):
         first, second = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
@@ -126,7 +129,7 @@ def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds:
     return logs
 
 
-def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float, rounds: int = 10) -> Feedback:
+def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float, rounds: int = 8) -> Feedback:
     """Candidate against baseline, step by step: pass = faster beyond the floor, fail = slower beyond it."""
     started = time.monotonic()
     logs = step_rounds(baseline, candidate, unit, rounds)
@@ -147,7 +150,7 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
                              "seconds": round(time.monotonic() - started, 2)})
 
 
-def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, rounds: int = 10) -> Feedback:
+def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, rounds: int = 8) -> Feedback:
     """The A/A floor of the step bench: the baseline's engine against a second child of the same code."""
     logs = step_rounds(baseline, twin, unit, rounds)
     estimate = block_estimate(logs["total"], CONFIDENCE)
@@ -167,3 +170,27 @@ def trace_engine_code(worker: StepWorker, unit: Unit, path: Path) -> Feedback:
     feedback = analyze(worker.run(unit, trace=path)["trace"])
     feedback.locality["code"] = worker.code
     return feedback
+
+
+def span_shift(baseline: StepWorker, candidate: StepWorker, unit: Unit, folder: Path) -> Feedback:
+    """Where a step-bench difference comes from: one traced unit on each engine, exclusive time per span,
+    candidate minus baseline; the span that moved most is the change's locality."""
+    from infragent.analysis.breakdown import breakdown
+    from infragent.analysis.trace_load import columns_from_trace
+    from infragent.trace_model import Trace
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    own = {}
+    for side, worker in (("baseline", baseline), ("candidate", candidate)):
+        trace = Trace.load(worker.run(unit, trace=folder / f"trace-{side}-{stamp}.json")["trace"])
+        own[side] = {row.key: row.exclusive_ns for row in breakdown(columns_from_trace(trace))}
+    names = set(own["baseline"]) | set(own["candidate"])
+    shift = {n: own["candidate"].get(n, 0) - own["baseline"].get(n, 0) for n in names}
+    moved = sorted(shift, key=lambda n: -abs(shift[n]))[:5]
+    total = sum(own["baseline"].values()) or 1
+    top = moved[0] if moved else ""
+    finding = ("exclusive time per span, candidate - baseline (one traced unit each): "
+               + ", ".join(f"{n} {shift[n] / 1e6:+.1f} ms ({shift[n] / total:+.0%})" for n in moved)
+               + (f"; the change is in {top!r}" if top else ""))
+    return Feedback("record", "pass", finding, {f"{n}.shift_ms": Measure(shift[n] / 1e6, "ms") for n in moved},
+                    locality={"span": top}, details={"exclusive_ns": own})

@@ -1,0 +1,168 @@
+"""The discipline, measured: the same proposer and seed under the cheapest-first ladder and under
+--feedback e2e-only, side by side — probes run, wall seconds to the first correct diagnosis, wall seconds to
+the accepted fix, and wrong acceptances.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/ladder_ablation.py [--model llama] [--packs NAME ...]
+        [--json results.json]
+
+The scripted case: a git checkout of this project with a slowdown planted in the engine's decode path (the
+LM head run three extra times per decode step), and a command proposer that offers, in order, a patch that
+breaks outputs, two that are slower, one that is neutral, and the real fix. A run of the ladder with a
+budget the fix fits in, then the same sequence under e2e-only. The packs (--packs) run the search proposer
+under both modes with the pack's own budget. Run alone: two cores, and this times things.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the planted checkout is shared with the tests
+
+from engine_checkout import planted_checkout, proposer_script  # noqa: E402
+from infragent.agent.command_proposer import CommandProposer  # noqa: E402
+from infragent.agent.context import Budget  # noqa: E402
+from infragent.agent.core import Outcome, optimize  # noqa: E402
+from infragent.lab.ledger import Ledger  # noqa: E402
+from infragent.lab.spec import PACKS  # noqa: E402
+from infragent.lab.trajectory import probes_until  # noqa: E402
+
+SEQUENCE = ["wrong", "slower", "slower2", "neutral", "fix"]
+TINY_HYBRID = '{"hidden_size": 128, "intermediate_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, ' \
+              '"head_dim": 32, "kda_num_heads": 4, "kda_head_k_dim": 32, "kda_head_v_dim": 32}'
+CAUSES = {  # words the supported hypothesis must say for a correct diagnosis
+    "planted": ["'sample'"],
+    "tp-precision": ["shards", "column:2", "bf16 operands"],
+    "kda-decode-padding": ["the FP32 work in", "kda.qk_norm", "kda.gate", "redone in every kda.v_tile"],
+    "kv-transfer-gil": ["kv-transfer", "starved of the GIL", "never overlap"],
+}
+
+
+def planted_spec(model: str) -> str:
+    """The planted checkout's spec: a realistic small scenario, TPOT and throughput criteria."""
+    args = ['"--max-model-len", "1024", "--max-num-seqs", "4"']
+    if model == "hybrid":
+        args.append(f"\"--hybrid-config\", '{TINY_HYBRID}'")
+    return f"""
+[target]
+kind = "engine"
+model = "{model}"
+code = "checkout"
+serve_args = [{", ".join(args)}]
+
+[[scenarios]]
+name = "chat"
+num_prompts = 16
+max_concurrency = 4
+random_input_len = 128
+random_output_len = 32
+length_dist = "uniform"
+random_range_ratio = 0.5
+repeats = 3
+
+[[criteria]]
+scenario = "chat"
+metric = "tpot_median_ms"
+max_regression = 0.02
+
+[[criteria]]
+scenario = "chat"
+metric = "output_tok_s"
+max_regression = 0.02
+"""
+
+
+def figures(outcome: Outcome, ledger: Ledger, seconds: float, cause: list[str] | None,
+            kinds: list[str] | None = None) -> dict:
+    """Probes run, seconds to the first correct diagnosis (a hypothesis naming the cause, posed or settled, and
+    never refuted) and to the accepted fix, wrong acceptances."""
+    refuted = {h["key"] for h in ledger.hypotheses(outcome.run_id) if h["status"] == "refuted"}
+    diagnosed = next((at for at, what in outcome.events if cause and what.startswith("hypothesis/")
+                      and what.split(" ")[0] not in refuted and all(w in what for w in cause)), None)
+    events = {what: at for at, what in reversed(outcome.events)}
+    named = probes_until(ledger, outcome.run_id, cause) if cause else None
+    accepted = [t for t in outcome.trials if t["status"] == "measured" and t["feasible"]]
+    if kinds is not None:  # the scripted case: every acceptance but the fix is wrong
+        wrong = [t for t in accepted if kinds[min(t["trial"], len(kinds) - 1)] != "fix"]
+        fix_at = next((events.get(f"trial/{t['trial']} accepted") for t in accepted
+                       if kinds[min(t["trial"], len(kinds) - 1)] == "fix"), None)
+    else:  # a pack: the best feasible trial is the fix; no wrong answer is known in advance
+        wrong, fix_at = [], (events.get(f"trial/{outcome.best['trial']} accepted") if outcome.best else None)
+    probes = sum(1 for r in ledger.probe_results(outcome.run_id) if r["feedback"]["details"].get("charged", True))
+    return {"probes": probes, "diagnosis_s": diagnosed, "probes_to_diagnosis": named[0] if named else None,
+            "fix_s": fix_at, "wrong_acceptances": len(wrong), "trials": len(outcome.trials),
+            "wall_s": round(seconds, 1), "limits": outcome.limits,
+            "why": [t["why"][:160] for t in outcome.trials]}
+
+
+def run_planted(model: str, mode: str, home: Path) -> dict:
+    """The scripted five-proposal sequence under one feedback mode."""
+    folder = home / f"planted-{mode}"
+    folder.mkdir(parents=True)
+    planted_checkout(folder / "checkout")
+    (folder / "spec.toml").write_text(planted_spec(model))
+    script = proposer_script(folder / "propose.py", SEQUENCE)
+    ledger = Ledger(folder / "ledger.sqlite")
+    started = time.monotonic()
+    outcome = optimize(folder / "spec.toml", ledger, Budget(probes=40, minutes=60),
+                       CommandProposer([sys.executable, str(script)]), log=print, feedback=mode)
+    return figures(outcome, ledger, time.monotonic() - started, CAUSES["planted"], SEQUENCE)
+
+
+def run_pack(name: str, mode: str, home: Path, probes: int, minutes: float) -> dict:
+    """A pack under the search proposer and one feedback mode."""
+    folder = home / f"{name}-{mode}"
+    shutil.copytree(PACKS / name, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    ledger = Ledger(folder / "ledger.sqlite")
+    started = time.monotonic()
+    outcome = optimize(folder / "spec.toml", ledger, Budget(probes=probes, minutes=minutes), log=print,
+                       feedback=mode)
+    return figures(outcome, ledger, time.monotonic() - started, CAUSES.get(name))
+
+
+def line(case: str, mode: str, r: dict) -> str:
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x:.0f}"
+
+    return (f"{case:20s} {mode:9s} probes {r['probes']:3d}  diagnosis {s(r['diagnosis_s']):>5s} s "
+            f"({r['probes_to_diagnosis'] or '-'} probes)  fix {s(r['fix_s']):>5s} s  wrong {r['wrong_acceptances']}  "
+            f"trials {r['trials']}  wall {r['wall_s']:.0f} s")
+
+
+def main() -> None:
+    """Run the cases and print them side by side (and the ratio of time to the fix)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="llama", choices=["llama", "hybrid"])
+    parser.add_argument("--packs", nargs="*", default=[])
+    parser.add_argument("--pack-probes", type=int, default=16)
+    parser.add_argument("--pack-minutes", type=float, default=6.0)
+    parser.add_argument("--skip-planted", action="store_true")
+    parser.add_argument("--modes", nargs="*", default=["ladder", "e2e-only"])
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="ablation-"))
+    results: dict[str, dict[str, dict]] = {}
+    cases = ([] if args.skip_planted else ["planted"]) + args.packs
+    for case in cases:
+        results[case] = {}
+        for mode in args.modes:
+            results[case][mode] = (run_planted(args.model, mode, home) if case == "planted" else
+                                   run_pack(case, mode, home, args.pack_probes, args.pack_minutes))
+    print()
+    for case, modes in results.items():
+        for mode, r in modes.items():
+            print(line(case, mode, r))
+        fix = [modes[m]["fix_s"] for m in ("ladder", "e2e-only") if m in modes]
+        if len(fix) == 2 and None not in fix:
+            print(f"{case:20s} ladder/e2e-only time to the accepted fix: {fix[0] / fix[1]:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
