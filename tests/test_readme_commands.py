@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from infragent.agent.kernel_gates import grade_bench, judge_kernel
-from infragent.agent.kernel_hypotheses import from_ladder
+from infragent.agent.kernel_hypotheses import SETTLE
 from infragent.agent.kernel_target import decision, trial_finding
 from infragent.analysis.stats import paired_ratio
 from infragent.lab.spec import Criterion
@@ -142,7 +142,8 @@ def test_failed_partitioned_check_states_the_number_it_records(tp_checks) -> Non
 def test_hypothesis_cites_the_number_the_check_states(tp_checks) -> None:
     check = tp_checks["bf16"].to_dict()
     knobs = {}
-    [h] = [h for h in from_ladder({"ladder/check": check}, knobs) if "partitioned" in h.claim]
+    h = SETTLE["precision"]({"ladder/check": check}, knobs)
+    assert "partitioned" in h.claim
     worst = check["numbers"]["max_rel_err_partitioned"]["value"]
     assert f"max rel err {_err(worst)} partitioned" in h.claim and f"max rel err {_err(worst)}" in check["finding"]
     assert h.cites["ladder/check:numbers/max_rel_err_partitioned/value"] == worst
@@ -234,6 +235,10 @@ def test_gil_hypothesis_names_the_working_span_not_a_parent_that_also_never_over
     trace = {"verdict": "fail", "finding": "...", "details": {"never_overlapping": never, "top_spans": [
         {"key": "gemm", "exclusive_ns": 1_500_000_000}, {"key": "attention", "exclusive_ns": 90_000_000},
         {"key": "step", "exclusive_ns": 10_000_000}]}}
-    [h] = from_ladder({"ladder/trace": trace}, {})
+    gil = {"verdict": "fail", "finding": "...", "locality": {"thread": "kv-transfer", "span": "kv.transfer"},
+           "numbers": {"kv-transfer.waited": {"value": 80.0}}}
+    h = SETTLE["gil"]({"ladder/trace": trace, "ladder/gil": gil}, {})
     assert "kv.transfer @ kv-transfer and gemm @ MainThread never overlap (0.2%" in h.claim
-    assert h.cites == {"ladder/trace:details/never_overlapping/2/executing_share_of_a": 0.002}
+    assert h.cites == {"ladder/trace:details/never_overlapping/2/executing_share_of_a": 0.002,
+                       "ladder/gil:numbers/kv-transfer.waited/value": 80.0}
+    assert SETTLE["gil"]({"ladder/trace": trace}, {}) is None  # never overlapping alone is a question, not a cause
