@@ -58,8 +58,12 @@ class RunContext:
         return (time.monotonic() - self.start) / 60
 
     def left(self, probes_needed: int = 1) -> bool:
-        """Whether the budget allows this many more probe runs."""
-        return self.probes + probes_needed <= self.budget.probes and self.minutes() < self.budget.minutes
+        """Whether the budget allows this many more probe runs, and another trial to start (minutes)."""
+        return self.probes_left(probes_needed) and self.minutes() < self.budget.minutes
+
+    def probes_left(self, probes_needed: int = 1) -> bool:
+        """Whether the probe budget allows this many more probe runs (the diagnosis: minutes bound trials)."""
+        return self.probes + probes_needed <= self.budget.probes
 
     def spent(self) -> str:
         """The budget as spent, in words."""

@@ -53,7 +53,7 @@ def diagnose(ctx: RunContext, diagnostics: Diagnostics, experiment: int) -> list
                 hypotheses[i] = settled
                 _store(ctx, settled)
         runnable = [h for h in hypotheses if h.status == "open" and h.probe in diagnostics.probes]
-        if not runnable or not ctx.left():
+        if not runnable or not ctx.probes_left():
             return hypotheses
         _run(ctx, diagnostics, min(runnable, key=lambda h: cost_of(h.probe)).probe, experiment)
 
