@@ -180,7 +180,9 @@ class ServingTarget:
                         return {"local": local, "why": f"local A/B: {what}; not worth an end-to-end run"}
                     if not ctx.left():
                         return {"local": local, "why": "local A/B: a win, but no budget left for end-to-end"}
-                floor = self._aa_floor(ctx)  # a kept change must improve beyond it (e2e-only too)
+                # a patch is kept only if it improves beyond the A/A floor (it must pay for the risk of a code
+                # change); knob values only need to pass the criteria, and the search keeps the best of them
+                floor = self._aa_floor(ctx) if candidate.workspace is not None else None
                 started = time.monotonic()
                 e2e, score, raw = end_to_end(self.spec, base_url, cand.base_url, floor=floor,
                                              repeats_offset=1000 * (candidate.number + 1),

@@ -165,9 +165,9 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
     more() allows (the budget), up to twice the scenario's repeats. alive() raises when a target died.
     same_outputs: the candidate's greedy outputs must match the baseline's on twin requests (at least
     OUTPUT_AGREEMENT of them); off where outputs may differ by design (quality criteria judge those).
-    floor: the A/A floor (log); when given, a candidate is kept only if it also improves the objective beyond
-    it — the CI of the per-repeat objective ratio (candidate/baseline, twin repeats) lies above exp(floor) —
-    so a change that passes every criterion but makes nothing better is not kept.
+    floor: the A/A floor (log); when given (for a patch), a candidate is kept only if it also improves the
+    objective beyond it — the CI of the per-repeat objective ratio (candidate/baseline, twin repeats) lies
+    above exp(floor) — so a code change that passes every criterion but makes nothing better is not kept.
 
     Returns the verdict, the objective for the proposer, and per scenario and side a loadgen-shaped
     Feedback whose evidence holds the raw records (what the report draws)."""
