@@ -212,7 +212,7 @@ class ServingTarget:
                 return {"why": f"the spec's tests fail: {tests['feedback']['finding'][:300]}"}
         if self.spec.target.kind != "engine" or ctx.feedback != "ladder":
             return None
-        config = json.loads(engine_config(self.spec.target, candidate.knobs).to_json())
+        config = self.engine_fields(candidate.knobs)
         started = time.monotonic()
         try:
             with engine_workers(self._code(self.base_code), ws.path, config) as (base, cand):
@@ -250,6 +250,10 @@ class ServingTarget:
             finally:
                 twin.close()
         return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
+
+    def engine_fields(self, knobs: dict) -> dict:
+        """The EngineConfig an engine child builds for these knobs, as plain data (it may be another code copy)."""
+        return json.loads(engine_config(self.spec.target, knobs).to_json())
 
     def _code(self, workspace: Workspace | None) -> Path | None:
         return None if workspace is None else workspace.path

@@ -7,7 +7,6 @@ with the baseline's. Each answers with the probe's Feedback as text, as the mode
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -16,7 +15,6 @@ from infragent.agent.proposal import Probe
 from infragent.agent.workspace import Workspace
 from infragent.lab.lifecycle import launched
 from infragent.lab.measure import interleaved_repeat
-from infragent.lab.target import engine_config
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.step_bench import StepWorker, check_tokens, step_bench, trace_engine_code
@@ -65,7 +63,7 @@ def _gates(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[
 def _pair(target: "ServingTarget", ws: Workspace) -> Iterator[tuple[StepWorker, StepWorker]]:
     from infragent.agent.serving_target import engine_workers
 
-    config = json.loads(engine_config(target.spec.target, target.baseline_knobs).to_json())
+    config = target.engine_fields(target.baseline_knobs)
     with engine_workers(target._code(target.base_code), ws.path, config) as pair:
         yield pair
 
@@ -84,8 +82,8 @@ def _bench(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[
         from infragent.agent.serving_target import step_unit
 
         with _pair(target, ws) as (base, cand):
-            config = json.loads(engine_config(target.spec.target, target.baseline_knobs).to_json())
-            return step_bench(base, cand, step_unit(target.spec), target._step_floor(ctx, base, config))
+            floor = target._step_floor(ctx, base, target.engine_fields(target.baseline_knobs))
+            return step_bench(base, cand, step_unit(target.spec), floor)
     return bench
 
 
@@ -94,8 +92,7 @@ def _record(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
         """record + analyze: a traced batch on your worktree's engine, attributed (top spans, threads)"""
         from infragent.agent.serving_target import step_unit
 
-        config = json.loads(engine_config(target.spec.target, target.baseline_knobs).to_json())
-        worker = StepWorker(ws.path, config, "candidate").ready()
+        worker = StepWorker(ws.path, target.engine_fields(target.baseline_knobs), "candidate").ready()
         try:
             path = artifact_dir() / f"trace-worktree-{time.strftime('%Y%m%d-%H%M%S')}.json"
             return trace_engine_code(worker, step_unit(target.spec), path)
