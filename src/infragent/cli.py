@@ -543,5 +543,22 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def main() -> None:
+    """The console entry: a command ended by an interrupt exits 130, and an interrupt still pending while the
+    process unwinds cannot turn that exit into a bare KeyboardInterrupt (a SIGINT death)."""
+    import signal
+
+    try:
+        app()
+        code: Any = 0
+    except KeyboardInterrupt:
+        code = 130
+    except SystemExit as done:
+        code = done.code
+    if code == 130:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infragent.agent.context import Budget, RunContext
-from infragent.agent.diagnosis import diagnose
+from infragent.agent.diagnosis import add_hypothesis, diagnose
 from infragent.agent.hypotheses import Hypothesis, suspects
 from infragent.agent.proposal import Proposal, ProposalContext, ProposalError, Proposer, SearchDone
 from infragent.agent.search import SearchProposer
@@ -139,6 +139,8 @@ def _trial(ctx: RunContext, target: LoopTarget, proposer: Proposer, number: int,
             candidate = Candidate(number, key, proposal.knobs, ws, proposal, experiment)
             hypothesis = next((h for h in hypotheses if h.key == proposal.hypothesis), None)
             judged = target.judge(ctx, candidate, hypothesis)
+            for posed in judged.pop("posed", []):  # what a candidate's probes found about the cause
+                add_hypothesis(ctx, hypotheses, posed)
             result.update(judged)
             _attribute(ctx, hypotheses, result)
             if ws is not None and result["status"] == "measured" and result["feasible"]:

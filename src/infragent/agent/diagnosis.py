@@ -41,10 +41,7 @@ def diagnose(ctx: RunContext, diagnostics: Diagnostics, experiment: int) -> list
     while True:
         results = {k: r["feedback"] for k, r in ctx.done.items() if k.startswith("ladder/")}
         for posed in diagnostics.pose(results):
-            if not any(_same(posed, h) for h in hypotheses):
-                posed.key = f"hypothesis/{len(hypotheses)}"
-                hypotheses.append(posed)
-                _store(ctx, posed)
+            add_hypothesis(ctx, hypotheses, posed)
         for i, h in enumerate(hypotheses):
             if h.status == "open" and f"ladder/{h.probe}" in results:
                 settled = diagnostics.settle(h.probe, h, results)
@@ -63,6 +60,15 @@ def _run(ctx: RunContext, diagnostics: Diagnostics, name: str, experiment: int) 
     if key not in ctx.done:
         started = time.monotonic()
         ctx.record(key, diagnostics.probes[name](), experiment, started)
+
+
+def add_hypothesis(ctx: RunContext, hypotheses: list[Hypothesis], posed: Hypothesis) -> None:
+    """A newly posed (or already settled) hypothesis joins the run's list and the ledger, unless the same
+    question is already there."""
+    if not any(_same(posed, h) for h in hypotheses):
+        posed.key = f"hypothesis/{len(hypotheses)}"
+        hypotheses.append(posed)
+        _store(ctx, posed)
 
 
 def _same(a: Hypothesis, b: Hypothesis) -> bool:

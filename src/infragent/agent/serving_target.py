@@ -11,6 +11,9 @@ With `code = PATH` the target's code is patchable: the baseline runs from a work
 each patch from its own worktree. A patch to the engine goes first through the spec's tests, then the
 in-process checks — greedy tokens identical, then the step microbenchmark (seconds, no server) — and only
 then is its server launched; a command target's patch runs its command inside the candidate's worktree.
+A patch is kept only with an improvement to its name: its local win (the ladder: the step bench or the
+local A/B), or under e2e-only its objective end to end beyond the A/A floor. The baseline's engine children
+for the step bench live for the whole run.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from infragent.agent.context import RunContext
 from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis, from_scheduling
 from infragent.analysis.scheduling import scheduling
 from infragent.agent.proposal import Probe
+from infragent.agent.quality_cause import known_quality_cost, quality_causes
 from infragent.agent.steps import aa_calibration, check_outputs, end_to_end, local_ab, quality_gate
 from infragent.agent.targets import Candidate, proposal_info
 from infragent.agent.workspace import Workspace, run_limited
@@ -86,6 +90,7 @@ class ServingTarget:
         self.base_experiment: int | None = None
         self.code_dir = (spec_path.parent / spec.target.code).resolve() if spec.target.code else None
         self.base_code: Workspace | None = None  # the baseline's worktree of code_dir, for the whole run
+        self.step_workers: dict[str, StepWorker] = {}  # the baseline's engine children, per config, for the run
 
     def diagnostics(self, ctx: RunContext) -> EngineDiagnostics | None:
         """The engine's in-process trace; a command target is a black box (nothing to trace)."""
@@ -105,6 +110,9 @@ class ServingTarget:
                 yield
             finally:
                 self.base = None
+                for worker in self.step_workers.values():
+                    worker.close()
+                self.step_workers.clear()
 
     def _aa_floor(self, ctx: RunContext) -> float:
         """The A/A floor for local wins: the baseline against a twin launch of it, measured once per run when a
@@ -152,11 +160,15 @@ class ServingTarget:
         gated = any(c.metric in QUALITY_METRICS for c in self.spec.criteria)
         judgements: list[dict] = []
         if gated:  # outputs may differ by design (quantization): the quality gates replace the identity check
+            known = known_quality_cost(ctx, candidate.knobs)
+            if known is not None:
+                return {"why": f"quality: known to fail the gates ({known[:300]})"}
             started = time.monotonic()
             gate = ctx.record(f"{key}/quality", quality_gate(self.spec, candidate.knobs), experiment, started)
             judgements = gate["feedback"]["details"].get("judgements", [])
-            if gate["verdict"] != "pass":
-                return {"judgements": judgements, "why": f"quality gate: {gate['verdict']}"}
+            if gate["verdict"] != "pass":  # which change costs the quality: hypotheses the gate settles
+                return {"judgements": judgements, "why": f"quality gate: {gate['verdict']}",
+                        "posed": quality_causes(ctx, self.spec, self.baseline_knobs, candidate, gate)}
         base_url = self.base.base_url  # type: ignore[union-attr]
         try:
             with launched(self.spec.target, candidate.knobs, ctx.ledger, ctx.run_id, key,
@@ -180,9 +192,10 @@ class ServingTarget:
                         return {"local": local, "why": f"local A/B: {what}; not worth an end-to-end run"}
                     if not ctx.left():
                         return {"local": local, "why": "local A/B: a win, but no budget left for end-to-end"}
-                # a patch is kept only if it improves beyond the A/A floor (it must pay for the risk of a code
-                # change); knob values only need to pass the criteria, and the search keeps the best of them
-                floor = self._aa_floor(ctx) if candidate.workspace is not None else None
+                # a patch is kept only if it shows an improvement (it must pay for the risk of a code change):
+                # a local win beyond its floor (the ladder), else the objective end to end beyond the A/A floor
+                # (e2e-only); knob values only need to pass the criteria, and the search keeps the best of them
+                floor = self._aa_floor(ctx) if candidate.workspace is not None and local is None else None
                 started = time.monotonic()
                 e2e, score, raw = end_to_end(self.spec, base_url, cand.base_url, floor=floor,
                                              repeats_offset=1000 * (candidate.number + 1),
@@ -215,7 +228,7 @@ class ServingTarget:
         config = self.engine_fields(candidate.knobs)
         started = time.monotonic()
         try:
-            with engine_workers(self._code(self.base_code), ws.path, config) as (base, cand):
+            with self.engine_pair(ws, candidate.knobs) as (base, cand):
                 check = ctx.record(f"{candidate.key}/check", check_tokens(base, cand), candidate.experiment, started)
                 if check["verdict"] != "pass":
                     return {"why": f"check: {check['feedback']['finding'][:300]}"}
@@ -250,6 +263,21 @@ class ServingTarget:
             finally:
                 twin.close()
         return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
+
+    @contextlib.contextmanager
+    def engine_pair(self, workspace: Workspace, knobs: dict) -> Iterator[tuple[StepWorker, StepWorker]]:
+        """The baseline's engine child for these knobs (started once, kept for the run: its warm-up is paid
+        once) and a fresh child of the worktree's engine, loaded in parallel."""
+        config = self.engine_fields(knobs)
+        name = json.dumps(config, sort_keys=True)
+        base = self.step_workers.get(name)
+        if base is None or not base.alive():
+            base = self.step_workers[name] = StepWorker(self._code(self.base_code), config, "baseline")
+        cand = StepWorker(workspace.path, config, "candidate")
+        try:
+            yield base.ready(), cand.ready()
+        finally:
+            cand.close()
 
     def engine_fields(self, knobs: dict) -> dict:
         """The EngineConfig an engine child builds for these knobs, as plain data (it may be another code copy)."""
@@ -302,22 +330,11 @@ def trace_engine(spec: Spec, knobs: dict) -> Feedback:
 
 
 def step_unit(spec: Spec) -> Unit:
-    """The step bench's batch: two of the first scenario's prompts (at most 128 tokens), 12 tokens each —
+    """The step bench's batch: two of the first scenario's prompts (at most 64 tokens), 8 tokens each —
     prefill and decode steps of the scenario's kind, small enough for a unit to take well under a second."""
     scenario = spec.scenarios[0]
-    prompts = [ids[:128] for ids, _ in engine_workload(spec, {}, prompts=2, seed=11)]
-    return Unit(prompts, min(scenario.random_output_len, 12))
-
-
-@contextlib.contextmanager
-def engine_workers(base_code: Path | None, cand_code: Path, config: dict) -> Iterator[tuple[StepWorker, StepWorker]]:
-    """The baseline's and the candidate's engines in their own children, loaded in parallel."""
-    workers = [StepWorker(base_code, config, "baseline"), StepWorker(cand_code, config, "candidate")]
-    try:
-        yield workers[0].ready(), workers[1].ready()
-    finally:
-        for worker in workers:
-            worker.close()
+    prompts = [ids[:64] for ids, _ in engine_workload(spec, {}, prompts=2, seed=11)]
+    return Unit(prompts, min(scenario.random_output_len, 8))
 
 
 def run_tests(command: str, worktree: Path, kind: str) -> Feedback:

@@ -61,10 +61,7 @@ def _gates(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[
 
 @contextlib.contextmanager
 def _pair(target: "ServingTarget", ws: Workspace) -> Iterator[tuple[StepWorker, StepWorker]]:
-    from infragent.agent.serving_target import engine_workers
-
-    config = target.engine_fields(target.baseline_knobs)
-    with engine_workers(target._code(target.base_code), ws.path, config) as pair:
+    with target.engine_pair(ws, target.baseline_knobs) as pair:
         yield pair
 
 

@@ -268,16 +268,18 @@ def held_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or _holding:
         yield  # another thread cannot set handlers; an outer block already holds them
         return
-    _holding.append(True)
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    previous: dict[int, Any] = {}
+    try:  # a signal landing while the handlers are swapped still leaves them restored and _holding clear
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
+        _holding.append(True)
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _holding.pop()
+        if _holding:
+            _holding.pop()
         if caught:
             raise KeyboardInterrupt(f"signal {caught[0]}")
 

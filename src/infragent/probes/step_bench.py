@@ -4,6 +4,12 @@ candidate, each engine built from its own copy of the code (a worktree's src/) i
 machine falls on both; the verdict comes from the per-round log ratios (candidate/baseline), judged over
 rounds with a t interval against an A/A floor, like the local A/B's blocks. Seconds, not minutes: a patch
 that makes the engine slower or changes its greedy tokens is refuted before any server starts.
+
+A step win is strict, because a patch with one goes on to an end-to-end run that only guards against
+regressions: the candidate's whole 99% interval must lie beyond the floor, and the floor clears the A/A
+interval's outer bound and at least STEP_MIN_FLOOR (two children of the same code differ by a few percent —
+memory layout — and a candidate's child has its own such bias, which one A/A pair cannot predict). The
+rounds stop early, from MIN_ROUNDS on, once the verdict is known: a win, or no win possible.
 """
 from __future__ import annotations
 
@@ -16,14 +22,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from infragent.analysis.blocks import aa_floor, block_estimate, block_verdict
+from infragent.analysis.blocks import BlockEstimate, block_estimate, could_still_win
 from infragent.probes.feedback import Feedback, Measure
 
 CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
-CONFIDENCE = 0.95
-WARMUP_UNITS = 2
+CONFIDENCE = 0.99  # per look, from MIN_ROUNDS to MAX_ROUNDS
+MIN_ROUNDS = 4
+MAX_ROUNDS = 12
+STEP_MIN_FLOOR = 0.05  # A/A pairs of children differed by up to 4.6% on one machine (docs/BENCHMARKS.md)
+WARMUP_UNITS = 2  # units of a shape a child runs before its timings count
 ANSWER_TIMEOUT_S = 300.0  # a worker that answers nothing this long (engine build or one unit) is killed
 
 
@@ -53,16 +62,31 @@ class StepWorker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._send({"config": config})
         self.code = ""
+        self.units: dict[str, int] = {}  # units run, per shape (the warm-up a shape still needs)
 
     def ready(self) -> "StepWorker":
         """Wait until the child has built its engine (start several first, then wait: they load in parallel)."""
-        self.code = self._answer()["code"]
+        if not self.code:
+            self.code = self._answer()["code"]
         return self
+
+    def alive(self) -> bool:
+        """Whether the child is still running."""
+        return self.proc.poll() is None
 
     def run(self, unit: Unit, trace: Path | None = None) -> dict[str, Any]:
         """Run one unit (under the tracer, saved at trace, when given); its timings and tokens."""
+        shape = f"{[len(p) for p in unit.prompts]}x{unit.max_tokens}"
+        self.units[shape] = self.units.get(shape, 0) + 1
         return self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
                           **({"trace": str(trace)} if trace else {})})
+
+    def warm(self, unit: Unit) -> None:
+        """Run the unit until this child has run it WARMUP_UNITS times: a fresh process's first units pay
+        for page faults and allocator growth."""
+        shape = f"{[len(p) for p in unit.prompts]}x{unit.max_tokens}"
+        while self.units.get(shape, 0) < WARMUP_UNITS:
+            self.run(unit)
 
     def _ask(self, message: dict) -> dict:
         self._send(message)
@@ -111,50 +135,78 @@ def check_tokens(baseline: StepWorker, candidate: StepWorker, max_tokens: int = 
                     details={"mismatches": [{"prompt": i, "baseline": ours[i], "candidate": theirs[i]} for i in differ]})
 
 
-def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds: int) -> dict[str, list[float]]:
-    """Alternating-order rounds after one warm-up each: per round the log ratios candidate/baseline of the
-    total, the prefill time and the decode time per step."""
-    for _ in range(WARMUP_UNITS):  # a fresh process's first units pay for page faults and allocator growth
-        baseline.run(unit)
-        candidate.run(unit)
+def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds: int,
+                done: Callable[[dict[str, list[float]]], bool] = lambda logs: False) -> dict[str, list[float]]:
+    """Alternating-order rounds after each child's warm-up, until `rounds` or done(logs) from MIN_ROUNDS on:
+    per round the log ratios candidate/baseline of the total, the prefill time and the decode time per step."""
+    baseline.warm(unit)
+    candidate.warm(unit)
     logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     for r in range(rounds):
         first, second = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
-        done = {first.name: first.run(unit), second.name: second.run(unit)}
-        b, c = done[baseline.name], done[candidate.name]
+        ran = {first.name: first.run(unit), second.name: second.run(unit)}
+        b, c = ran[baseline.name], ran[candidate.name]
         logs["total"].append(math.log((c["prefill_ns"] + c["decode_ns"]) / (b["prefill_ns"] + b["decode_ns"])))
         logs["prefill"].append(math.log(max(c["prefill_ns"], 1) / max(b["prefill_ns"], 1)))
         per_step = [max(x["decode_ns"], 1) / max(x["decode_steps"], 1) for x in (b, c)]
         logs["decode"].append(math.log(per_step[1] / per_step[0]))
+        if r + 1 >= MIN_ROUNDS and done(logs):
+            break
     return logs
 
 
-def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float, rounds: int = 8) -> Feedback:
-    """Candidate against baseline, step by step: pass = faster beyond the floor, fail = slower beyond it."""
+def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float,
+               rounds: int = MAX_ROUNDS) -> Feedback:
+    """Candidate against baseline, step by step: pass = faster beyond the floor, fail = slower beyond it;
+    the rounds stop as soon as a win is shown or ruled out."""
     started = time.monotonic()
-    logs = step_rounds(baseline, candidate, unit, rounds)
+
+    def decided(logs: dict[str, list[float]]) -> bool:
+        estimate = block_estimate(logs["total"], CONFIDENCE)
+        return step_verdict(estimate, floor) == "win" or not could_still_win(estimate, floor)
+
+    logs = step_rounds(baseline, candidate, unit, rounds, decided)
+    ran = len(logs["total"])
     estimates = {phase: block_estimate(values, CONFIDENCE) for phase, values in logs.items()}
-    total = estimates["total"]
-    outcome = block_verdict(total, floor)
+    outcome = step_verdict(estimates["total"], floor)
     numbers = {f"{phase}_ratio": Measure(e.ratio, "x", e.lo, e.hi, e.blocks) for phase, e in estimates.items()}
     numbers["floor"] = Measure(floor, "log")
     phases = ", ".join(f"{phase} x{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]" for phase, e in estimates.items())
-    finding = (f"engine steps candidate/baseline: {phases} over {rounds} alternating rounds "
-               f"({len(unit.prompts)} prompts, {unit.max_tokens} tokens each; {CONFIDENCE:.0%} CI); a win needs "
-               f"total x<{math.exp(-floor):.3f}: " + {"win": "a real win", "loss": "a real loss",
-                                                      "inconclusive": "inconclusive"}[outcome])
+    finding = (f"engine steps candidate/baseline: {phases} over {ran} alternating rounds "
+               f"({len(unit.prompts)} prompts, {unit.max_tokens} tokens each; {CONFIDENCE:.0%} CI per look); a win "
+               f"needs total x<{math.exp(-floor):.3f}: " + {"win": "a real win", "loss": "a real loss",
+                                                             "inconclusive": "inconclusive"}[outcome])
     verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
     return Feedback("step_bench", verdict, finding, numbers,
                     locality={"slower_phase": max(estimates, key=lambda p: estimates[p].ratio)},
-                    details={"outcome": outcome, "log_ratios": logs, "rounds": rounds,
+                    details={"outcome": outcome, "log_ratios": logs, "rounds": ran,
                              "seconds": round(time.monotonic() - started, 2)})
 
 
-def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, rounds: int = 8) -> Feedback:
+def step_verdict(estimate: BlockEstimate, floor: float) -> str:
+    """"win" (the whole interval faster than the floor), "loss" (the whole interval slower than it), or
+    "inconclusive"."""
+    if estimate.blocks < 2:
+        return "inconclusive"
+    if estimate.hi < math.exp(-floor):
+        return "win"
+    if estimate.lo > math.exp(floor):
+        return "loss"
+    return "inconclusive"
+
+
+def step_aa_floor(estimate: BlockEstimate) -> float:
+    """The step bench's floor from its A/A: the interval's outer bound (log), at least STEP_MIN_FLOOR."""
+    if estimate.blocks < 2:
+        return math.inf
+    return max(STEP_MIN_FLOOR, abs(math.log(estimate.lo)), abs(math.log(estimate.hi)))
+
+
+def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, rounds: int = MAX_ROUNDS) -> Feedback:
     """The A/A floor of the step bench: the baseline's engine against a second child of the same code."""
     logs = step_rounds(baseline, twin, unit, rounds)
-    estimate = block_estimate(logs["total"], CONFIDENCE)
-    floor = aa_floor(estimate)
+    estimate = block_estimate(logs["total"], 0.95)
+    floor = step_aa_floor(estimate)
     return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
                     f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} rounds; a step win needs "
                     f"x<{math.exp(-floor):.3f}", numbers={"aa_floor": Measure(floor, "log"),

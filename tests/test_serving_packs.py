@@ -1,0 +1,64 @@
+"""The serving packs through the one core name their true cause within 5 probes. engine-slo: the scheduler
+knobs (prefill chopped at the token budget, requests queueing at max_num_seqs), supported by a candidate's
+local A/B against the baseline server. quant-gates: W8A8 costs quality (the perplexity gate), supported by the
+quality gate on that change alone. Every hypothesis is its own ledger record whose chain names the probe
+that settled it, and every number it cites is in the ledger."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infragent.agent.context import Budget
+from infragent.agent.core import optimize
+from infragent.lab.ledger import Ledger
+from infragent.lab.spec import PACKS
+from infragent.lab.trajectory import chains, probes_until
+
+
+def run_pack(name: str, tmp_path: Path, probes: int) -> tuple[Ledger, int, list[str]]:
+    folder = tmp_path / name
+    shutil.copytree(PACKS / name, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    lines: list[str] = []
+    outcome = optimize(folder / "spec.toml", ledger, Budget(probes=probes, minutes=15), log=lines.append)
+    return ledger, outcome.run_id, lines
+
+
+def first_named(ledger: Ledger, run_id: int, causes: list[list[str]]) -> tuple[int, dict]:
+    found = [n for words in causes for n in [probes_until(ledger, run_id, words)] if n is not None]
+    assert found, [h["claim"] for h in ledger.hypotheses(run_id)]
+    return min(found, key=lambda n: n[0])
+
+
+def assert_chains(ledger: Ledger, run_id: int, hypothesis: dict) -> None:
+    records = {r["key"]: r for r in ledger.probe_results(run_id)}
+    assert all(r["probe"] != "hypothesis" for r in records.values())  # hypotheses are their own records
+    chain = next(c for c in chains(ledger, run_id) if c["key"] == hypothesis["key"])
+    assert chain["settled_by"] in records and chain["probe_verdict"] and chain["decision"]
+    for cite, value in hypothesis["cites"].items():
+        key, _, path = cite.partition(":")
+        number = records[key]["feedback"]
+        for part in path.split("/"):
+            number = number[part]
+        assert number == pytest.approx(value), cite
+
+
+def test_engine_slo_names_the_scheduler_knobs_within_five_probes(tmp_path: Path) -> None:
+    # four probes: the trace, the first candidate's output check, the A/A floor, its local A/B
+    ledger, run_id, lines = run_pack("engine-slo", tmp_path, probes=4)
+    used, hypothesis = first_named(ledger, run_id, [["prefill is cut into chunks of 32 tokens"],
+                                                    ["requests wait for a slot", "max_num_seqs = 2"]])
+    assert used <= 5 and hypothesis["status"] == "supported", "\n".join(lines[-30:])
+    assert "/local_ab" in hypothesis["settled_by"]
+    assert_chains(ledger, run_id, hypothesis)
+
+
+def test_quant_gates_names_the_quality_cost_of_w8a8_within_five_probes(tmp_path: Path) -> None:
+    # at most four probes: the trace, the first candidate's quality gate, the gate on each of its changes alone
+    ledger, run_id, lines = run_pack("quant-gates", tmp_path, probes=4)
+    used, hypothesis = first_named(ledger, run_id, [["quantization = 'w8a8' costs quality", "perplexity_increase"]])
+    assert used <= 5 and hypothesis["status"] == "supported", "\n".join(lines[-30:])
+    assert "/quality" in hypothesis["settled_by"]
+    assert_chains(ledger, run_id, hypothesis)
