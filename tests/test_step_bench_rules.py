@@ -30,9 +30,8 @@ class TimedChild:
                 "tokens": [[1] * unit.max_tokens for _ in unit.prompts]}
 
     def warm(self, unit: Unit) -> None:
-        shape = f"{[len(p) for p in unit.prompts]}x{unit.max_tokens}"
-        while self.units.get(shape, 0) < WARMUP_UNITS:
-            self.units[shape] = self.units.get(shape, 0) + 1
+        while self.units.get(unit.shape, 0) < WARMUP_UNITS:
+            self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
             self.run(unit)
 
 

@@ -47,6 +47,11 @@ class Unit:
     prompts: list[list[int]]
     max_tokens: int
 
+    @property
+    def shape(self) -> str:
+        """Prompt lengths and output length: what a child's warm-up is per."""
+        return f"{[len(p) for p in self.prompts]}x{self.max_tokens}"
+
 
 class StepWorker:
     """One child engine built from `code` (a checkout of this project; None: the installed package)."""
@@ -76,16 +81,14 @@ class StepWorker:
 
     def run(self, unit: Unit, trace: Path | None = None) -> dict[str, Any]:
         """Run one unit (under the tracer, saved at trace, when given); its timings and tokens."""
-        shape = f"{[len(p) for p in unit.prompts]}x{unit.max_tokens}"
-        self.units[shape] = self.units.get(shape, 0) + 1
+        self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
         return self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
                           **({"trace": str(trace)} if trace else {})})
 
     def warm(self, unit: Unit) -> None:
         """Run the unit until this child has run it WARMUP_UNITS times: a fresh process's first units pay
         for page faults and allocator growth."""
-        shape = f"{[len(p) for p in unit.prompts]}x{unit.max_tokens}"
-        while self.units.get(shape, 0) < WARMUP_UNITS:
+        while self.units.get(unit.shape, 0) < WARMUP_UNITS:
             self.run(unit)
 
     def _ask(self, message: dict) -> dict:
