@@ -3,19 +3,22 @@
 the accepted fix, and wrong acceptances.
 
     PYTHONPATH=src .venv/bin/python benchmarks/ladder_ablation.py [--model llama] [--packs NAME ...]
-        [--json results.json]
+        [--repeats N] [--json results.json]
 
 The scripted case: a git checkout of this project with a slowdown planted in the engine's decode path (the
 LM head run three extra times per decode step), and a command proposer that offers, in order, a patch that
 breaks outputs, two that are slower, one that is neutral, and the real fix. A run of the ladder with a
 budget the fix fits in, then the same sequence under e2e-only. The packs (--packs) run the search proposer
-under both modes with the pack's own budget. Run alone: two cores, and this times things.
+under both modes with the pack's own budget. --repeats N runs every case N times, the modes in ABBA order
+(ladder, e2e-only, e2e-only, ladder, ...) so drift on the machine falls on both, and prints the ratio of each
+repeat next to the ratio of the medians. Run alone: two cores, and this times things.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -143,23 +146,32 @@ def main() -> None:
     parser.add_argument("--pack-minutes", type=float, default=6.0)
     parser.add_argument("--skip-planted", action="store_true")
     parser.add_argument("--modes", nargs="*", default=["ladder", "e2e-only"])
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="ablation-"))
-    results: dict[str, dict[str, dict]] = {}
+    results: dict[str, dict[str, list[dict]]] = {}
     cases = ([] if args.skip_planted else ["planted"]) + args.packs
     for case in cases:
-        results[case] = {}
-        for mode in args.modes:
-            results[case][mode] = (run_planted(args.model, mode, home) if case == "planted" else
-                                   run_pack(case, mode, home, args.pack_probes, args.pack_minutes))
+        results[case] = {mode: [] for mode in args.modes}
+        for repeat in range(args.repeats):
+            for mode in (args.modes if repeat % 2 == 0 else list(reversed(args.modes))):
+                place = home / f"repeat-{repeat}"
+                place.mkdir(exist_ok=True)
+                results[case][mode].append(run_planted(args.model, mode, place) if case == "planted" else
+                                           run_pack(case, mode, place, args.pack_probes, args.pack_minutes))
     print()
     for case, modes in results.items():
-        for mode, r in modes.items():
-            print(line(case, mode, r))
-        fix = [modes[m]["fix_s"] for m in ("ladder", "e2e-only") if m in modes]
-        if len(fix) == 2 and None not in fix:
-            print(f"{case:20s} ladder/e2e-only time to the accepted fix: {fix[0] / fix[1]:.2f}")
+        for mode, runs in modes.items():
+            for r in runs:
+                print(line(case, mode, r))
+        if {"ladder", "e2e-only"} <= modes.keys():
+            pairs = [(a["fix_s"], b["fix_s"]) for a, b in zip(modes["ladder"], modes["e2e-only"])]
+            if pairs and all(None not in pair for pair in pairs):
+                each = ", ".join(f"{a / b:.3f}" for a, b in pairs)
+                medians = statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs)
+                print(f"{case:20s} ladder/e2e-only time to the accepted fix: {medians:.3f} (ratio of medians; "
+                      f"per repeat {each})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
 

@@ -39,8 +39,7 @@ from infragent.lab.spec import QUALITY_METRICS, Spec
 from infragent.lab.target import TargetDied, TargetError, TargetProcess, engine_config, require_own_ports
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback, Measure
-from infragent.probes.step_bench import (StepBenchError, StepWorker, Unit, check_tokens, span_shift, step_bench,
-                                         step_floor)
+from infragent.probes.step_bench import StepAA, StepBenchError, StepWorker, Unit, check_tokens, span_shift, step_bench
 
 TESTS_TIMEOUT_S = 900.0
 
@@ -91,6 +90,7 @@ class ServingTarget:
         self.code_dir = (spec_path.parent / spec.target.code).resolve() if spec.target.code else None
         self.base_code: Workspace | None = None  # the baseline's worktree of code_dir, for the whole run
         self.step_workers: dict[str, StepWorker] = {}  # the baseline's engine children, per config, for the run
+        self.step_aas: dict[str, StepAA] = {}  # their A/A twins and rounds, per config, for the run
 
     def diagnostics(self, ctx: RunContext) -> EngineDiagnostics | None:
         """The engine's in-process trace; a command target is a black box (nothing to trace)."""
@@ -112,7 +112,10 @@ class ServingTarget:
                 self.base = None
                 for worker in self.step_workers.values():
                     worker.close()
+                for aa in self.step_aas.values():
+                    aa.close()
                 self.step_workers.clear()
+                self.step_aas.clear()
 
     def _aa_floor(self, ctx: RunContext) -> float:
         """The A/A floor for local wins: the baseline against a twin launch of it, measured once per run when a
@@ -232,10 +235,10 @@ class ServingTarget:
                 check = ctx.record(f"{candidate.key}/check", check_tokens(base, cand), candidate.experiment, started)
                 if check["verdict"] != "pass":
                     return {"why": f"check: {check['feedback']['finding'][:300]}"}
-                floor = self._step_floor(ctx, base, config)
                 started = time.monotonic()
-                bench = ctx.record(f"{candidate.key}/step_bench", step_bench(base, cand, step_unit(self.spec), floor),
-                                   candidate.experiment, started)
+                bench = step_bench(base, cand, step_unit(self.spec),
+                                   aa=lambda margin: self.step_floor(ctx, base, config, margin))
+                bench = ctx.record(f"{candidate.key}/step_bench", bench, candidate.experiment, started)
                 if bench["verdict"] == "pass":  # which span the win came from: the hypothesis it supports
                     started = time.monotonic()
                     where = ctx.record(f"{candidate.key}/record", span_shift(base, cand, step_unit(self.spec),
@@ -252,17 +255,15 @@ class ServingTarget:
             return {"local": candidate.local, "why": f"step bench: {what}; not worth a server launch"}
         return None
 
-    def _step_floor(self, ctx: RunContext, base: StepWorker, config: dict) -> float:
-        """The step bench's A/A floor, measured once per run against a second engine of the baseline's code."""
-        key = "calibration/step_aa"
-        if key not in ctx.done:
-            started = time.monotonic()
-            twin = StepWorker(self._code(self.base_code), config, "twin").ready()
-            try:
-                ctx.record(key, step_floor(base, twin, step_unit(self.spec)), None, started)
-            finally:
-                twin.close()
-        return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
+    def step_floor(self, ctx: RunContext, base: StepWorker, config: dict, margin: float) -> float:
+        """The step bench's A/A floor for this config, measured (and recorded) only as far as telling whether it
+        lies below margin needs; a second engine of the baseline's code is kept for the run."""
+        aa = self.step_aas.setdefault(json.dumps(config, sort_keys=True), StepAA(self._code(self.base_code), config))
+        started = time.monotonic()
+        floor, measured = aa.floor(base, step_unit(self.spec), margin)
+        if measured is not None:
+            ctx.record("calibration/step_aa", measured, None, started)
+        return floor
 
     @contextlib.contextmanager
     def engine_pair(self, workspace: Workspace, knobs: dict) -> Iterator[tuple[StepWorker, StepWorker]]:
@@ -329,12 +330,17 @@ def trace_engine(spec: Spec, knobs: dict) -> Feedback:
     return feedback
 
 
+STEP_PROMPT_TOKENS = 32  # a unit of 2 x 32-token prompts and 4 tokens takes half the time of 2 x 64 and 8 at
+STEP_OUTPUT_TOKENS = 4  # about the same spread per round (docs/BENCHMARKS.md): twice the rounds per second
+
+
 def step_unit(spec: Spec) -> Unit:
-    """The step bench's batch: two of the first scenario's prompts (at most 64 tokens), 8 tokens each —
-    prefill and decode steps of the scenario's kind, small enough for a unit to take well under a second."""
+    """The step bench's batch: two of the first scenario's prompts (cut to STEP_PROMPT_TOKENS), run to
+    STEP_OUTPUT_TOKENS tokens each — a prefill step and decode steps of the scenario's kind, a few tenths of
+    a second per unit."""
     scenario = spec.scenarios[0]
-    prompts = [ids[:64] for ids, _ in engine_workload(spec, {}, prompts=2, seed=11)]
-    return Unit(prompts, min(scenario.random_output_len, 8))
+    prompts = [ids[:STEP_PROMPT_TOKENS] for ids, _ in engine_workload(spec, {}, prompts=2, seed=11)]
+    return Unit(prompts, min(scenario.random_output_len, STEP_OUTPUT_TOKENS))
 
 
 def run_tests(command: str, worktree: Path, kind: str) -> Feedback:

@@ -78,9 +78,10 @@ def _bench(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[
         """prefill and decode step times, your worktree's engine against the baseline's (seconds)"""
         from infragent.agent.serving_target import step_unit
 
+        config = target.engine_fields(target.baseline_knobs)
         with _pair(target, ws) as (base, cand):
-            floor = target._step_floor(ctx, base, target.engine_fields(target.baseline_knobs))
-            return step_bench(base, cand, step_unit(target.spec), floor)
+            return step_bench(base, cand, step_unit(target.spec),
+                              aa=lambda margin: target.step_floor(ctx, base, config, margin))
     return bench
 
 

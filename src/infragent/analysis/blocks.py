@@ -98,3 +98,17 @@ def block_verdict(estimate: BlockEstimate, floor: float) -> str:
 def could_still_win(estimate: BlockEstimate, floor: float) -> bool:
     """Whether more blocks could turn this estimate into a win (its interval reaches below the floor)."""
     return estimate.blocks >= 2 and math.log(estimate.lo) < -floor
+
+
+def could_win_by(estimate: BlockEstimate, floor: float, blocks: int) -> bool:
+    """Whether a win is still within reach by `blocks` blocks: were the truth at the optimistic end of
+    today's interval, the interval there (the spread seen so far) would lie below the floor."""
+    n = estimate.blocks
+    if n < 2:
+        return True
+    if n >= blocks:
+        return False
+    q = 0.5 + estimate.confidence / 2
+    spread = estimate.half_width * math.sqrt(n) / float(student_t.ppf(q, n - 1))
+    half_then = float(student_t.ppf(q, blocks - 1)) * spread / math.sqrt(blocks)
+    return math.log(estimate.lo) + half_then < -floor

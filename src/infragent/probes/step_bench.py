@@ -9,30 +9,34 @@ A step win is strict, because a patch with one goes on to an end-to-end run that
 regressions: the candidate's whole 99% interval must lie beyond the floor, and the floor clears the A/A
 interval's outer bound and at least STEP_MIN_FLOOR (two children of the same code differ by a few percent —
 memory layout — and a candidate's child has its own such bias, which one A/A pair cannot predict). The
-rounds stop early, from MIN_ROUNDS on, once the verdict is known: a win, or no win possible.
+rounds stop early, from MIN_ROUNDS on, once the verdict is known: a win, or no win reachable by MAX_ROUNDS.
+
+The A/A is measured only as far as a decision needs it. A candidate that does not win at STEP_MIN_FLOOR
+cannot win at any floor, so no A/A is run for it; a candidate that does win there is held against the A/A,
+whose rounds (baseline against a twin of the same code) stop as soon as its floor is known to lie below the
+win's margin. Its rounds are kept, so a later, smaller win extends the same A/A.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from infragent.analysis.blocks import BlockEstimate, block_estimate, could_still_win
+from infragent.analysis.blocks import BlockEstimate, block_estimate, could_win_by
 from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.step_child import start_child
 
 CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
 CONFIDENCE = 0.99  # per look, from MIN_ROUNDS to MAX_ROUNDS
-MIN_ROUNDS = 4
+AA_CONFIDENCE = 0.95  # the A/A interval whose outer bound is the floor
+MIN_ROUNDS = 4  # a look at 3 rounds (2 degrees of freedom) doubled false wins in simulation: 0.25% vs 0.1%
 MAX_ROUNDS = 12
 STEP_MIN_FLOOR = 0.05  # A/A pairs of children differed by up to 4.6% on one machine (docs/BENCHMARKS.md)
-WARMUP_UNITS = 2  # units of a shape a child runs before its timings count
+WARMUP_UNITS = 1  # units of a shape a child runs before its timings count: only a shape's first is slow (+18%)
 ANSWER_TIMEOUT_S = 300.0  # a worker that answers nothing this long (engine build or one unit) is killed
 
 
@@ -57,17 +61,13 @@ class StepWorker:
     """One child engine built from `code` (a checkout of this project; None: the installed package)."""
 
     def __init__(self, code: Path | None, config: dict[str, Any], name: str) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",  # same hashing in every child
-               "OMP_WAIT_POLICY": "PASSIVE"}  # an idle child's threads must not spin on the cores the other times
-        if code is not None:
-            source = code / "src" if (code / "src" / "infragent").is_dir() else code
-            env["PYTHONPATH"] = os.pathsep.join([str(source)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-m", "infragent.probes.step_worker"], cwd=code, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.child = start_child(code)
+        self.proc = self.child.proc
         self._send({"config": config})
         self.code = ""
         self.units: dict[str, int] = {}  # units run, per shape (the warm-up a shape still needs)
+        self.tokens_of: dict[str, list[list[int]]] = {}  # greedy tokens per unit: one engine's are fixed
 
     def ready(self) -> "StepWorker":
         """Wait until the child has built its engine (start several first, then wait: they load in parallel)."""
@@ -84,6 +84,13 @@ class StepWorker:
         self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
         return self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
                           **({"trace": str(trace)} if trace else {})})
+
+    def tokens(self, unit: Unit) -> list[list[int]]:
+        """The unit's greedy tokens on this engine (run once; the same engine gives the same tokens)."""
+        key = json.dumps([unit.prompts, unit.max_tokens])
+        if key not in self.tokens_of:
+            self.tokens_of[key] = self.run(unit)["tokens"]
+        return self.tokens_of[key]
 
     def warm(self, unit: Unit) -> None:
         """Run the unit until this child has run it WARMUP_UNITS times: a fresh process's first units pay
@@ -112,22 +119,50 @@ class StepWorker:
         finally:
             watchdog.cancel()
         if not line:
+            self.proc.kill()
+            self.proc.wait()
+            tail = self.child.stderr_tail()
             self.close()
-            tail = (self.proc.stderr.read() if self.proc.stderr else "").strip().splitlines()[-3:]  # type: ignore[union-attr]
-            raise StepBenchError(f"the {self.name} engine's step worker died: {' | '.join(tail) or 'no output'}")
+            raise StepBenchError(f"the {self.name} engine's step worker died: {tail or 'no output'}")
         return json.loads(line)
 
     def close(self) -> None:
         """Stop the child."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        self.child.close()
+
+
+class StepAA:
+    """The step bench's A/A for one engine config, kept for a run: a twin child of the baseline's code,
+    started when a win first needs the floor, and the rounds run so far against one baseline child."""
+
+    def __init__(self, code: Path | None, config: dict[str, Any]) -> None:
+        self.code, self.config = code, config
+        self.twin: StepWorker | None = None
+        self.baseline: StepWorker | None = None
+        self.logs: dict[str, list[float]] | None = None
+
+    def floor(self, baseline: StepWorker, unit: Unit, margin: float) -> tuple[float, Feedback | None]:
+        """The floor, measured as far as margin needs; with the A/A's record where this call ran rounds."""
+        if self.twin is None or not self.twin.alive() or baseline is not self.baseline:
+            self.close()
+            self.twin, self.baseline, self.logs = StepWorker(self.code, self.config, "twin").ready(), baseline, None
+        before = len(self.logs["total"]) if self.logs else 0
+        measured = step_floor(baseline, self.twin, unit, margin, self.logs)
+        self.logs = measured.details["log_ratios"]
+        floor = float(measured.numbers["aa_floor"].value)
+        return floor, (measured if len(self.logs["total"]) > before else None)
+
+    def close(self) -> None:
+        """Stop the twin."""
+        if self.twin is not None:
+            self.twin.close()
+        self.twin = None
 
 
 def check_tokens(baseline: StepWorker, candidate: StepWorker, max_tokens: int = 8) -> Feedback:
     """The output check in-process: greedy tokens of fixed prompts must be identical."""
     unit = Unit([list(p) for p in CHECK_PROMPTS_IDS], max_tokens)
-    ours, theirs = baseline.run(unit)["tokens"], candidate.run(unit)["tokens"]
+    ours, theirs = baseline.tokens(unit), candidate.tokens(unit)
     differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
     finding = (f"greedy tokens differ on {len(differ)}/{len(ours)} prompts (first: prompt {differ[0]}: baseline "
                f"{ours[differ[0]]}, candidate {theirs[differ[0]]})" if differ else
@@ -139,13 +174,16 @@ def check_tokens(baseline: StepWorker, candidate: StepWorker, max_tokens: int = 
 
 
 def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds: int,
-                done: Callable[[dict[str, list[float]]], bool] = lambda logs: False) -> dict[str, list[float]]:
-    """Alternating-order rounds after each child's warm-up, until `rounds` or done(logs) from MIN_ROUNDS on:
-    per round the log ratios candidate/baseline of the total, the prefill time and the decode time per step."""
+                done: Callable[[dict[str, list[float]]], bool] = lambda logs: False,
+                logs: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Alternating-order rounds after each child's warm-up, added to logs (earlier rounds of the same pair)
+    until there are `rounds`, or done(logs) from MIN_ROUNDS on: per round the log ratios candidate/baseline
+    of the total, the prefill time and the decode time per step."""
+    logs = logs if logs is not None else {"total": [], "prefill": [], "decode": []}
     baseline.warm(unit)
     candidate.warm(unit)
-    logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
-    for r in range(rounds):
+    while len(logs["total"]) < rounds and not (len(logs["total"]) >= MIN_ROUNDS and done(logs)):
+        r = len(logs["total"])
         first, second = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
         ran = {first.name: first.run(unit), second.name: second.run(unit)}
         b, c = ran[baseline.name], ran[candidate.name]
@@ -153,22 +191,32 @@ def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds:
         logs["prefill"].append(math.log(max(c["prefill_ns"], 1) / max(b["prefill_ns"], 1)))
         per_step = [max(x["decode_ns"], 1) / max(x["decode_steps"], 1) for x in (b, c)]
         logs["decode"].append(math.log(per_step[1] / per_step[0]))
-        if r + 1 >= MIN_ROUNDS and done(logs):
-            break
     return logs
 
 
-def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float,
-               rounds: int = MAX_ROUNDS) -> Feedback:
+def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float = STEP_MIN_FLOOR,
+               aa: Callable[[float], float] | None = None, rounds: int = MAX_ROUNDS) -> Feedback:
     """Candidate against baseline, step by step: pass = faster beyond the floor, fail = slower beyond it;
-    the rounds stop as soon as a win is shown or ruled out."""
+    the rounds stop as soon as a win is shown or out of reach. aa(margin): the A/A floor, measured as far as
+    it takes to tell whether it lies below margin (log); a win at `floor` is held against it, and the rounds
+    go on against the A/A's floor where that is higher."""
     started = time.monotonic()
+    logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
+    while True:
+        def decided(logs: dict[str, list[float]], floor: float = floor) -> bool:
+            estimate = block_estimate(logs["total"], CONFIDENCE)
+            return step_verdict(estimate, floor) == "win" or not could_win_by(estimate, floor, rounds)
 
-    def decided(logs: dict[str, list[float]]) -> bool:
-        estimate = block_estimate(logs["total"], CONFIDENCE)
-        return step_verdict(estimate, floor) == "win" or not could_still_win(estimate, floor)
-
-    logs = step_rounds(baseline, candidate, unit, rounds, decided)
+        logs = step_rounds(baseline, candidate, unit, rounds, decided, logs)
+        total = block_estimate(logs["total"], CONFIDENCE)
+        if aa is None or step_verdict(total, floor) != "win":
+            break
+        margin = -math.log(total.hi)
+        measured = aa(margin)
+        floor = max(floor, measured)
+        if measured < margin:
+            break  # the win clears the A/A's floor too
+        # the A/A is wider than this win: more rounds may still show one beyond it
     ran = len(logs["total"])
     estimates = {phase: block_estimate(values, CONFIDENCE) for phase, values in logs.items()}
     outcome = step_verdict(estimates["total"], floor)
@@ -205,10 +253,18 @@ def step_aa_floor(estimate: BlockEstimate) -> float:
     return max(STEP_MIN_FLOOR, abs(math.log(estimate.lo)), abs(math.log(estimate.hi)))
 
 
-def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, rounds: int = MAX_ROUNDS) -> Feedback:
-    """The A/A floor of the step bench: the baseline's engine against a second child of the same code."""
-    logs = step_rounds(baseline, twin, unit, rounds)
-    estimate = block_estimate(logs["total"], 0.95)
+def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float = 0.0,
+               logs: dict[str, list[float]] | None = None) -> Feedback:
+    """The A/A floor of the step bench: the baseline's engine against a second child of the same code, rounds
+    added (to logs, from an earlier call) until the floor is known to lie below margin (log: the distance of
+    a win from no change) or there are MAX_ROUNDS. The floor clears the A/A interval's outer bound, so fewer
+    rounds (a wider interval) only make it stricter."""
+    def settled(logs: dict[str, list[float]]) -> bool:
+        return step_aa_floor(block_estimate(logs["total"], AA_CONFIDENCE)) < margin
+
+    logs = step_rounds(baseline, twin, unit, MAX_ROUNDS, settled, logs)
+    rounds = len(logs["total"])
+    estimate = block_estimate(logs["total"], AA_CONFIDENCE)
     floor = step_aa_floor(estimate)
     return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
                     f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} rounds; a step win needs "

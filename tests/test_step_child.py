@@ -1,0 +1,45 @@
+"""A step worker forked from the zygote runs its own copy of the code (not the zygote's infragent), gives the
+tokens a fresh interpreter gives, says why when it dies, and the zygote can be turned off."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from engine_checkout import planted_checkout
+from infragent.engine.config import EngineConfig
+from infragent.probes.step_bench import StepBenchError, StepWorker, Unit
+from infragent.probes.step_child import ForkedChild
+
+CONFIG = json.loads(EngineConfig(model="llama", max_model_len=256, max_num_seqs=2).to_json())
+UNIT = Unit([[1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26]], 4)
+
+
+def test_a_forked_child_runs_its_own_code_and_matches_a_fresh_interpreter(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout = planted_checkout(tmp_path / "checkout")
+    forked = StepWorker(checkout, CONFIG, "forked").ready()
+    monkeypatch.setenv("INFRAGENT_STEP_ZYGOTE", "0")
+    fresh = StepWorker(checkout, CONFIG, "fresh").ready()
+    try:
+        assert isinstance(forked.proc, ForkedChild) and not isinstance(fresh.proc, ForkedChild)
+        assert forked.code == fresh.code == str((checkout / "src" / "infragent").resolve())
+        assert forked.tokens(UNIT) == fresh.tokens(UNIT)
+    finally:
+        forked.close()
+        fresh.close()
+
+
+def test_a_dead_child_is_seen_dead_with_its_stderr(tmp_path: Path) -> None:
+    worker = StepWorker(None, CONFIG, "doomed").ready()
+    assert worker.alive()
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    with pytest.raises(StepBenchError, match="doomed engine's step worker died"):
+        worker.run(UNIT)
+    assert not worker.alive()
+    broken = StepWorker(None, {**CONFIG, "no_such_field": 1}, "broken")
+    with pytest.raises(StepBenchError, match="no_such_field"):
+        broken.ready()
