@@ -38,11 +38,13 @@ from infragent.lab.trajectory import probes_until  # noqa: E402
 SEQUENCE = ["wrong", "slower", "slower2", "neutral", "fix"]
 TINY_HYBRID = '{"hidden_size": 128, "intermediate_size": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, ' \
               '"head_dim": 32, "kda_num_heads": 4, "kda_head_k_dim": 32, "kda_head_v_dim": 32}'
-CAUSES = {  # words the supported hypothesis must say for a correct diagnosis
-    "planted": ["'sample'"],
-    "tp-precision": ["shards", "column:2", "bf16 operands"],
-    "kda-decode-padding": ["the FP32 work in", "kda.qk_norm", "kda.gate", "redone in every kda.v_tile"],
-    "kv-transfer-gil": ["kv-transfer", "starved of the GIL", "never overlap"],
+CAUSES = {  # words the supported hypothesis must say for a correct diagnosis (any one of the lists)
+    "planted": [["'sample'"]],
+    "tp-precision": [["shards", "column:2", "bf16 operands"]],
+    "kda-decode-padding": [["the FP32 work in", "kda.qk_norm", "kda.gate", "redone in every kda.v_tile"]],
+    "kv-transfer-gil": [["kv-transfer", "starved of the GIL", "never overlap"]],
+    "engine-slo": [["prefill is cut into chunks of 32 tokens"], ["requests wait for a slot", "max_num_seqs = 2"]],
+    "quant-gates": [["quantization = 'w8a8' costs quality", "perplexity_increase"]],
 }
 
 
@@ -80,15 +82,17 @@ max_regression = 0.02
 """
 
 
-def figures(outcome: Outcome, ledger: Ledger, seconds: float, cause: list[str] | None,
+def figures(outcome: Outcome, ledger: Ledger, seconds: float, causes: list[list[str]] | None,
             kinds: list[str] | None = None) -> dict:
     """Probes run, seconds to the first correct diagnosis (a hypothesis naming the cause, posed or settled, and
     never refuted) and to the accepted fix, wrong acceptances."""
     refuted = {h["key"] for h in ledger.hypotheses(outcome.run_id) if h["status"] == "refuted"}
-    diagnosed = next((at for at, what in outcome.events if cause and what.startswith("hypothesis/")
-                      and what.split(" ")[0] not in refuted and all(w in what for w in cause)), None)
+    causes = causes or []
+    diagnosed = next((at for at, what in outcome.events if what.startswith("hypothesis/")
+                      and what.split(" ")[0] not in refuted and any(all(w in what for w in c) for c in causes)), None)
     events = {what: at for at, what in reversed(outcome.events)}
-    named = probes_until(ledger, outcome.run_id, cause) if cause else None
+    named = min((n for c in causes for n in [probes_until(ledger, outcome.run_id, c)] if n is not None),
+                default=None, key=lambda found: found[0])
     accepted = [t for t in outcome.trials if t["status"] == "measured" and t["feasible"]]
     if kinds is not None:  # the scripted case: every acceptance but the fix is wrong
         wrong = [t for t in accepted if kinds[min(t["trial"], len(kinds) - 1)] != "fix"]

@@ -103,6 +103,6 @@ def test_the_llm_proposer_works_an_engine_worktree_through_charged_probes(tmp_pa
     # the tools its prompt names are the tools it has
     run_probe = next(t for t in offered["tools"] if t["function"]["name"] == "run_probe")
     names = run_probe["function"]["parameters"]["properties"]["name"]["enum"]
-    assert set(names) == {"check", "bench", "record", "gates", "scenario"}
+    assert set(names) == {"check", "bench", "record", "gil", "gates", "scenario"}
     assert all(name in offered["messages"][0]["content"] for name in names)
     assert fingerprint(checkout) == before

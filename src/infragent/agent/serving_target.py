@@ -169,9 +169,10 @@ class ServingTarget:
             started = time.monotonic()
             gate = ctx.record(f"{key}/quality", quality_gate(self.spec, candidate.knobs), experiment, started)
             judgements = gate["feedback"]["details"].get("judgements", [])
-            if gate["verdict"] != "pass":  # which change costs the quality: hypotheses the gate settles
+            if gate["verdict"] != "pass":  # which change costs the quality (the ladder's diagnosis, not e2e-only's)
                 return {"judgements": judgements, "why": f"quality gate: {gate['verdict']}",
-                        "posed": quality_causes(ctx, self.spec, self.baseline_knobs, candidate, gate)}
+                        "posed": quality_causes(ctx, self.spec, self.baseline_knobs, candidate, gate)
+                        if ctx.feedback == "ladder" else []}
         base_url = self.base.base_url  # type: ignore[union-attr]
         try:
             with launched(self.spec.target, candidate.knobs, ctx.ledger, ctx.run_id, key,

@@ -1,12 +1,14 @@
 """The probes a code proposer may run on its worktree of a serving target's code, each one charged to the
 run's probe budget and recorded under the candidate's key (trial/N/tool/NAME): the in-process output check
 and step bench against the baseline's code, a traced run of the worktree's engine (record + analyze), the
-candidate's cheap gates (tests, check, step bench), and a scenario run of the worktree's server interleaved
-with the baseline's. Each answers with the probe's Feedback as text, as the model reads it.
+gil probe on it (which thread holds the GIL, which waits), the candidate's cheap gates (tests, check, step
+bench), and a scenario run of the worktree's server interleaved with the baseline's. Each answers with the
+probe's Feedback as text, as the model reads it.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -37,7 +39,8 @@ def serving_tools(target: "ServingTarget", ctx: RunContext, ws: Workspace, key: 
     tools: dict[str, Probe] = {"scenario": charged("scenario", lambda: _scenario(target, ctx, ws, key))}
     if target.spec.target.kind == "engine":
         tools.update(check=charged("check", _check(target, ws)), bench=charged("bench", _bench(target, ctx, ws)),
-                     record=charged("record", _record(target, ws)), gates=charged("gates", _gates(target, ctx, ws)))
+                     record=charged("record", _record(target, ws)), gil=charged("gil", _gil(target, ws)),
+                     gates=charged("gates", _gates(target, ctx, ws)))
     return tools
 
 
@@ -83,6 +86,20 @@ def _bench(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[
             return step_bench(base, cand, step_unit(target.spec),
                               aa=lambda margin: target.step_floor(ctx, base, config, margin))
     return bench
+
+
+def _gil(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
+    def gil() -> Feedback:
+        """per thread and span, GIL held (py-spy) and waited while your worktree's engine runs a few batches"""
+        from infragent.agent.serving_target import step_unit
+        from infragent.probes.gil import run_gil
+
+        unit = step_unit(target.spec)
+        batch = {"config": target.engine_fields(target.baseline_knobs), "prompts": unit.prompts,
+                 "max_tokens": unit.max_tokens, "units": 3}
+        return run_gil("infragent.probes.step_worker:gil_workload", code=ws.path,
+                       env={"INFRAGENT_STEP_UNIT": json.dumps(batch)})
+    return gil
 
 
 def _record(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:

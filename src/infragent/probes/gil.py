@@ -86,17 +86,22 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    package_root = str(Path(infragent.__file__).resolve().parents[1])
-    paths = [os.getcwd(), package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+def _child_env(code: Path | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment with the workload's folders first on PYTHONPATH: `code` (a checkout's src/, where
+    the child's infragent then comes from) or else the current folder and this infragent's."""
+    env = {**os.environ, **(extra or {})}
+    if code is not None:
+        first = [str(code / "src" if (code / "src" / "infragent").is_dir() else code)]
+    else:
+        first = [os.getcwd(), str(Path(infragent.__file__).resolve().parents[1])]
+    paths = first + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
 
 
-def _run(cmd: list[str], timeout_s: float) -> tuple[int, str]:
+def _run(cmd: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, str]:
     """Run cmd in its own process group (py-spy and its child); on timeout kill that group and re-raise."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_child_env(),
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           start_new_session=True) as proc:
         try:
             output, _ = proc.communicate(timeout=timeout_s)
@@ -108,9 +113,10 @@ def _run(cmd: list[str], timeout_s: float) -> tuple[int, str]:
 
 
 def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 500,
-                 interval_ms: float = 25.0, timeout_s: float = 300.0) -> GilRecording:
-    """Run the workload in a child process, under py-spy when asked and available; raise ChildFailed
-    (with the child's traceback) when the workload fails."""
+                 interval_ms: float = 25.0, timeout_s: float = 300.0, code: Path | None = None,
+                 env: dict[str, str] | None = None) -> GilRecording:
+    """Run the workload in a child process (its code from `code` when given, with env added), under py-spy
+    when asked and available; raise ChildFailed (with the child's traceback) when the workload fails."""
     trace_path, pyspy_path = out_dir / "trace.json", out_dir / "pyspy.speedscope.json"
     child = [sys.executable, "-m", "infragent.probes.gil_child", workload, str(trace_path),
              "--interval-ms", str(interval_ms)]
@@ -124,7 +130,7 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
              "-o", str(pyspy_path), "--"] + child] if exe else []
     runs.append(child)
     for cmd in runs:
-        returncode, output = _run(cmd, timeout_s)
+        returncode, output = _run(cmd, timeout_s, _child_env(code, env))
         error = Path(str(trace_path) + ".error")
         if error.exists():
             text = error.read_text()
@@ -254,13 +260,15 @@ def to_feedback(report: GilReport, evidence: list[Evidence]) -> Feedback:
 
 
 def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms: float = 25.0,
-            threshold: float = WAIT_THRESHOLD, timeout_s: float = 300.0) -> Feedback:
-    """Run module:function in a child process and report, per thread and span, GIL held and waited shares."""
+            threshold: float = WAIT_THRESHOLD, timeout_s: float = 300.0, code: Path | None = None,
+            env: dict[str, str] | None = None) -> Feedback:
+    """Run module:function in a child process (from the checkout `code`, with env added, when given) and
+    report, per thread and span, GIL held and waited shares."""
     out_dir = artifact_dir() / f"gil-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 1_000_000:06d}"
     out_dir.mkdir(parents=True)
     try:
         rec = record_child(workload_name, out_dir, pyspy=pyspy, rate=rate, interval_ms=interval_ms,
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s, code=code, env=env)
     except ChildFailed as err:
         return Feedback("gil", "inconclusive", str(err), details={"traceback": err.traceback},
                         next_probes=[f"run {workload_name} directly to check that it works"])

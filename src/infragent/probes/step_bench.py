@@ -258,9 +258,10 @@ def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float
     """The A/A floor of the step bench: the baseline's engine against a second child of the same code, rounds
     added (to logs, from an earlier call) until the floor is known to lie below margin (log: the distance of
     a win from no change) or there are MAX_ROUNDS. The floor clears the A/A interval's outer bound, so fewer
-    rounds (a wider interval) only make it stricter."""
+    rounds (a wider interval) only make it stricter; an early stop needs the 99% interval under the margin
+    too, so that looking after every round cannot stop on a lucky one."""
     def settled(logs: dict[str, list[float]]) -> bool:
-        return step_aa_floor(block_estimate(logs["total"], AA_CONFIDENCE)) < margin
+        return step_aa_floor(block_estimate(logs["total"], CONFIDENCE)) < margin
 
     logs = step_rounds(baseline, twin, unit, MAX_ROUNDS, settled, logs)
     rounds = len(logs["total"])

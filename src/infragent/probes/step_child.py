@@ -125,7 +125,8 @@ def _fork(source: str | None, cwd: Path | None, stderr: int) -> ForkedChild | No
             child_in, our_in = os.pipe()
             our_out, child_out = os.pipe()
             try:
-                request = json.dumps({"source": source, "cwd": str(cwd) if cwd else None}).encode()
+                request = json.dumps({"source": source, "cwd": str(cwd) if cwd else None,
+                                      "env": {**os.environ, **CHILD_ENV}}).encode()
                 socket.send_fds(channel, [request], [child_in, child_out, stderr])
                 answer = b""
                 while not answer.endswith(b"\n"):

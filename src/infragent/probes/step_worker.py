@@ -8,6 +8,8 @@ Then per line in: {"prompts": [[token ids], ...], "max_tokens": N} (and "trace":
 tracer); the batch runs to completion, greedy, and the answer is {"prefill_ns", "decode_ns",
 "decode_steps", "tokens"} (and "trace") — steps that ran while some request had no token yet count as
 prefill, the rest as decode.
+
+gil_workload is the same engine and unit as a workload for the gil probe (a proposer's `gil` tool).
 """
 from __future__ import annotations
 
@@ -20,13 +22,9 @@ from pathlib import Path
 def main() -> None:
     """Serve units until stdin closes."""
     import infragent
-    from infragent.engine.config import EngineConfig, HybridConfig
-    from infragent.engine.llm_engine import LLMEngine
     from infragent.engine.sampling import SamplingParams
 
-    fields = json.loads(sys.stdin.readline())["config"]
-    hybrid = HybridConfig(**fields.pop("hybrid", {}))
-    engine = LLMEngine(EngineConfig(**fields, hybrid=hybrid))
+    engine = build_engine(json.loads(sys.stdin.readline())["config"])
     _say({"ready": True, "code": str(Path(infragent.__file__).resolve().parent)})
     for line in sys.stdin:
         unit = json.loads(line)
@@ -38,6 +36,33 @@ def main() -> None:
             _say({**answer, "trace": str(rec.trace().save(unit["trace"]))})
             continue
         _say(_run(engine, unit, SamplingParams))
+
+
+def build_engine(fields: dict):  # noqa: ANN201 (the LLMEngine of whichever copy of the code runs this)
+    """An engine from EngineConfig fields as plain data (its "hybrid" as a dict)."""
+    from infragent.engine.config import EngineConfig, HybridConfig
+    from infragent.engine.llm_engine import LLMEngine
+
+    fields = dict(fields)
+    hybrid = HybridConfig(**fields.pop("hybrid", {}))
+    return LLMEngine(EngineConfig(**fields, hybrid=hybrid))
+
+
+def gil_workload() -> None:
+    """A workload for the gil probe (infragent.probes.step_worker:gil_workload): the engine of
+    $INFRAGENT_STEP_UNIT's config runs its unit ({"config", "prompts", "max_tokens", "units"}) that many times,
+    after one unit of warm-up."""
+    import os
+
+    from infragent.engine.sampling import SamplingParams
+
+    unit = json.loads(os.environ["INFRAGENT_STEP_UNIT"])
+    engine = build_engine(unit["config"])
+    try:
+        for _ in range(1 + int(unit.get("units", 3))):
+            _run(engine, unit, SamplingParams)
+    finally:
+        engine.close()
 
 
 def _run(engine, unit: dict, sampling) -> dict:  # noqa: ANN001 (the engine and SamplingParams of this copy)

@@ -5,8 +5,9 @@ PYTHONPATH would be, a second sooner.
 
     python -m infragent.probes.step_zygote FD   (FD: a Unix socket to the parent)
 
-Per request on the socket: a JSON message {"source": FOLDER or null, "cwd": FOLDER or null} with three file
-descriptors attached (the child's stdin, stdout and stderr); answer {"pid": N}. The zygote keeps none of
+Per request on the socket: a JSON message {"source": FOLDER or null, "cwd": FOLDER or null, "env": {...}}
+with three file descriptors attached (the child's stdin, stdout and stderr); answer {"pid": N}. The child
+takes the parent's environment as it is now (what torch read at import stays the zygote's). The zygote keeps none of
 those descriptors, so the parent sees end-of-file the moment the child dies. It never runs torch itself
 (forking after a parallel region would hang OpenMP), and the kernel reaps its children.
 """
@@ -51,6 +52,9 @@ def _become_worker(request: dict, fds: list[int]) -> None:
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the zygote's buffers stay behind)
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+        if "env" in request:
+            os.environ.clear()
+            os.environ.update(request["env"])
         if request.get("cwd"):
             os.chdir(request["cwd"])
         if request.get("source"):
