@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -22,18 +23,29 @@ CHILD_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": "0",  # same hashing in 
 
 class ForkedChild:
     """A step worker forked by the zygote: its pid and this process's ends of its pipes (the Popen calls
-    StepWorker uses)."""
+    StepWorker uses). It is not our child, so it is watched and signalled through a pidfd where the kernel has
+    them: a pid reused after it exits can never be mistaken for it."""
 
     def __init__(self, pid: int, stdin: IO[str], stdout: IO[str]) -> None:
         self.pid, self.stdin, self.stdout = pid, stdin, stdout
         self.returncode: int | None = None
+        try:
+            self.pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfds (old kernel), or it is gone already
+            self.pidfd = None
 
     def poll(self) -> int | None:
-        """None while it runs (the zygote's kernel-reaped children vanish when they exit)."""
+        """None while it runs (the zygote's children are reaped by the kernel when they exit)."""
         if self.returncode is None:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
+            if self.pidfd is not None:
+                exited = bool(select.select([self.pidfd], [], [], 0)[0])
+            else:
+                try:
+                    os.kill(self.pid, 0)
+                    exited = False
+                except ProcessLookupError:
+                    exited = True
+            if exited:
                 self.returncode = -1
         return self.returncode
 
@@ -41,12 +53,15 @@ class ForkedChild:
         """SIGKILL it."""
         if self.poll() is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                if self.pidfd is not None:
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                else:
+                    os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
     def wait(self, timeout: float = 10.0) -> int | None:
-        """Until it is gone (or timeout)."""
+        """Until it is gone (or timeout); then its pipes and pidfd are closed."""
         deadline = time.monotonic() + timeout
         while self.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -55,6 +70,9 @@ class ForkedChild:
                 stream.close()
             except OSError:
                 pass
+        if self.pidfd is not None and self.returncode is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
         return self.returncode
 
 
