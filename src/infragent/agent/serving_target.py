@@ -237,8 +237,7 @@ class ServingTarget:
                 if check["verdict"] != "pass":
                     return {"why": f"check: {check['feedback']['finding'][:300]}"}
                 started = time.monotonic()
-                bench = step_bench(base, cand, step_unit(self.spec),
-                                   aa=lambda margin: self.step_floor(ctx, base, config, margin))
+                bench = self.step_bench(ctx, base, cand, config)
                 bench = ctx.record(f"{candidate.key}/step_bench", bench, candidate.experiment, started)
                 if bench["verdict"] == "pass":  # which span the win came from: the hypothesis it supports
                     started = time.monotonic()
@@ -255,6 +254,20 @@ class ServingTarget:
             what = "a real loss" if bench["verdict"] == "fail" else "no win beyond its A/A floor"
             return {"local": candidate.local, "why": f"step bench: {what}; not worth a server launch"}
         return None
+
+    def step_bench(self, ctx: RunContext, base: StepWorker, cand: StepWorker, config: dict) -> Feedback:
+        """The step bench against the A/A of this config; its cost leaves out the A/A's (a record of its own)."""
+        started, aa_spent = time.monotonic(), [0.0]
+
+        def aa(margin: float) -> float:
+            begun = time.monotonic()
+            floor = self.step_floor(ctx, base, config, margin)
+            aa_spent[0] += time.monotonic() - begun
+            return floor
+
+        feedback = step_bench(base, cand, step_unit(self.spec), aa=aa)
+        feedback.details["cost_s"] = round(time.monotonic() - started - aa_spent[0], 2)
+        return feedback
 
     def step_floor(self, ctx: RunContext, base: StepWorker, config: dict, margin: float) -> float:
         """The step bench's A/A floor for this config, measured (and recorded) only as far as telling whether it
@@ -331,8 +344,8 @@ def trace_engine(spec: Spec, knobs: dict) -> Feedback:
     return feedback
 
 
-STEP_PROMPT_TOKENS = 32  # a unit of 2 x 32-token prompts and 4 tokens takes half the time of 2 x 64 and 8 at
-STEP_OUTPUT_TOKENS = 4  # about the same spread per round (docs/BENCHMARKS.md): twice the rounds per second
+STEP_PROMPT_TOKENS = 32  # 2 x 32-token prompts x 4 tokens: half the time per round of 2 x 64 x 8, about as
+STEP_OUTPUT_TOKENS = 4  # precise per second of bench, and clear cases stop at the first look (docs/BENCHMARKS.md)
 
 
 def step_unit(spec: Spec) -> Unit:

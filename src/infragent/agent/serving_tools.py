@@ -19,7 +19,7 @@ from infragent.lab.lifecycle import launched
 from infragent.lab.measure import interleaved_repeat
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback, Measure
-from infragent.probes.step_bench import StepWorker, check_tokens, step_bench, trace_engine_code
+from infragent.probes.step_bench import StepWorker, check_tokens, trace_engine_code
 
 if TYPE_CHECKING:
     from infragent.agent.serving_target import ServingTarget
@@ -79,12 +79,8 @@ def _check(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
 def _bench(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[[], Feedback]:
     def bench() -> Feedback:
         """prefill and decode step times, your worktree's engine against the baseline's (seconds)"""
-        from infragent.agent.serving_target import step_unit
-
-        config = target.engine_fields(target.baseline_knobs)
         with _pair(target, ws) as (base, cand):
-            return step_bench(base, cand, step_unit(target.spec),
-                              aa=lambda margin: target.step_floor(ctx, base, config, margin))
+            return target.step_bench(ctx, base, cand, target.engine_fields(target.baseline_knobs))
     return bench
 
 
