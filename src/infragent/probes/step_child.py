@@ -4,6 +4,7 @@ Either way the child runs probes/step_worker.py from its own code copy; the zygo
 interpreter spends importing torch, for every candidate of a run."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -52,13 +53,11 @@ class ForkedChild:
     def kill(self) -> None:
         """SIGKILL it."""
         if self.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
                 if self.pidfd is not None:
                     signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
                 else:
                     os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def wait(self, timeout: float = 10.0) -> int | None:
         """Until it is gone (or timeout); then its pipes and pidfd are closed."""
@@ -66,10 +65,8 @@ class ForkedChild:
         while self.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         for stream in (self.stdin, self.stdout):
-            try:
+            with contextlib.suppress(OSError):  # a pipe whose other end is gone
                 stream.close()
-            except OSError:
-                pass
         if self.pidfd is not None and self.returncode is not None:
             os.close(self.pidfd)
             self.pidfd = None
