@@ -113,7 +113,7 @@ def test_diagnosis_runs_the_cheapest_refuting_probe_first_and_settles_each_hypot
 def test_a_traced_engine_says_its_prefill_is_chunked_and_requests_wait(tmp_path: Path) -> None:
     import json
 
-    from infragent.agent.serving_target import EngineDiagnostics
+    from infragent.agent.serving_target import EngineDiagnostics, ServingTarget
     from infragent.lab.spec import load_spec
     from server_fixture import TINY_HYBRID
 
@@ -139,7 +139,10 @@ name = "s"
 random_input_len = 96
 random_output_len = 4
 """)
-    diagnostics = EngineDiagnostics(load_spec(spec_path), {"max_num_batched_tokens": 16, "max_num_seqs": 1})
+    knobs = {"max_num_batched_tokens": 16, "max_num_seqs": 1}
+    target = ServingTarget(load_spec(spec_path), spec_path)
+    target.baseline_knobs = knobs
+    diagnostics = EngineDiagnostics(target.spec, knobs, target.trace_baseline)
     trace = diagnostics.probes["trace"]().to_dict()
     found = diagnostics.pose({"ladder/trace": trace})
     chunked = next(h for h in found if h.claim.startswith("prefill is cut into chunks of 16 tokens"))

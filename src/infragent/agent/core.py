@@ -65,18 +65,18 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, proposer: Pr
 
 def _optimize(ctx: RunContext, target: LoopTarget, proposer: Proposer | None) -> Outcome:
     base_exp = ctx.ledger.experiment(ctx.run_id, "baseline", target.baseline_knobs)
-    diagnostics = target.diagnostics(ctx) if ctx.feedback == "ladder" else None
-    if diagnostics is None:
-        ctx.log("no diagnosis: " + ("every proposal is judged end to end only" if ctx.feedback == "e2e-only"
-                                    else f"a {ctx.spec.target.kind} target has no probes to trace; every knob is a suspect"))
-    hypotheses = diagnose(ctx, diagnostics, base_exp) if diagnostics is not None else []
-    if proposer is None:
-        proposer = SearchProposer(ctx.spec.knobs, suspects(hypotheses) or None, seed=ctx.seed)
-        proposer.close(_closed_knobs(hypotheses))  # directions refuted before a resume stay closed
-        ctx.log(f"searching {', '.join(proposer.knobs)} (knobs acting on the suspects); fixed: {proposer.fixed or '-'}")
-    outcome = Outcome(ctx.run_id, {"knobs": target.baseline_knobs}, None, hypotheses=hypotheses, events=ctx.events)
-    replays = {c["trial"]: c for c in ctx.ledger.candidates(ctx.run_id)}
-    with target.session(ctx, base_exp):
+    with target.session(ctx, base_exp):  # the diagnosis runs inside it: on the baseline's code
+        diagnostics = target.diagnostics(ctx) if ctx.feedback == "ladder" else None
+        if diagnostics is None:
+            ctx.log("no diagnosis: " + ("every proposal is judged end to end only" if ctx.feedback == "e2e-only"
+                                        else f"a {ctx.spec.target.kind} target has no probes to trace; every knob is a suspect"))
+        hypotheses = diagnose(ctx, diagnostics, base_exp) if diagnostics is not None else []
+        if proposer is None:
+            proposer = SearchProposer(ctx.spec.knobs, suspects(hypotheses) or None, seed=ctx.seed)
+            proposer.close(_closed_knobs(hypotheses))  # directions refuted before a resume stay closed
+            ctx.log(f"searching {', '.join(proposer.knobs)} (knobs acting on the suspects); fixed: {proposer.fixed or '-'}")
+        outcome = Outcome(ctx.run_id, {"knobs": target.baseline_knobs}, None, hypotheses=hypotheses, events=ctx.events)
+        replays = {c["trial"]: c for c in ctx.ledger.candidates(ctx.run_id)}
         number = failures = 0
         while True:
             result = replays.get(number)

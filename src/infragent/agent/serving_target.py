@@ -1,11 +1,11 @@
-"""A serving target under the loop (the built-in engine, or any server a command launches): the baseline
-traced and attributed in-process (engine only), the baseline launched with a twin of it for the A/A floor,
-and each candidate launched on its own port (its listener proven to be its process group) and judged
-cheapest first: the output check (or the quality gates) → the local probe its hypothesis calls for (a short
-A/B over blocks, a win beyond the A/A floor) → end to end, interleaved with the baseline, every criterion per
-phase and bucket (more repeats while one is inconclusive). A candidate that dies voids its trial; a
-baseline that dies ends the run. With --feedback e2e-only, end to end only: the candidate's greedy outputs
-are then judged there too (identical on twin requests), not by a check first.
+"""A serving target under the loop (the built-in engine, or any server a command launches): the baseline traced
+and attributed in an engine child of its own code (engine only), its server launched with the first
+candidate's (and a twin of it for the A/A floor), each candidate launched on its own port (its listener proven
+to be its process group) and judged cheapest first: the output check (or the quality gates) → the local probe
+its hypothesis calls for (a short A/B over blocks, a win beyond the A/A floor) → end to end, interleaved with
+the baseline, every criterion per phase and bucket (more repeats while one is inconclusive). A candidate that
+dies voids its trial; a baseline that dies ends the run. With --feedback e2e-only, end to end only: the
+candidate's greedy outputs are then judged there too (identical on twin requests), not by a check first.
 
 With `code = PATH` the target's code is patchable: the baseline runs from a worktree of PATH as it stands,
 each patch from its own worktree. A patch to the engine goes first through the spec's tests, then the
@@ -49,15 +49,16 @@ class RunError(RuntimeError):
 
 
 class EngineDiagnostics:
-    """The engine's baseline traced in-process and attributed: hypotheses about its top spans and threads
-    that never overlap. Their probes run on candidates (the local A/B, or for a patch the step bench), not
-    on the baseline."""
+    """The engine's baseline traced and attributed: hypotheses about its top spans and threads that never
+    overlap. The trace runs in the baseline's engine child (its own code copy: a patched checkout is traced
+    as it is, not the installed package). Their probes run on candidates (the local A/B, or for a patch the
+    step bench), not on the baseline."""
 
     observe = ["trace"]
 
-    def __init__(self, spec: Spec, knobs: dict) -> None:
+    def __init__(self, spec: Spec, knobs: dict, trace: Callable[[], Feedback]) -> None:
         self.spec, self.knobs = spec, knobs
-        self.probes: dict[str, Callable[[], Feedback]] = {"trace": lambda: trace_engine(spec, knobs)}
+        self.probes: dict[str, Callable[[], Feedback]] = {"trace": trace}
 
     def pose(self, results: dict[str, dict]) -> list[Hypothesis]:
         """Hypotheses from the trace's analysis, one question per span or pair of threads."""
@@ -86,6 +87,7 @@ class ServingTarget:
         self.spec, self.spec_path = spec, spec_path
         self.baseline_knobs = default_knobs(spec)
         self.base: TargetProcess | None = None
+        self.launches: contextlib.ExitStack | None = None  # the session's: the baseline's launch joins it
         self.base_experiment: int | None = None
         self.code_dir = (spec_path.parent / spec.target.code).resolve() if spec.target.code else None
         self.base_code: Workspace | None = None  # the baseline's worktree of code_dir, for the whole run
@@ -93,23 +95,34 @@ class ServingTarget:
         self.step_aas: dict[str, StepAA] = {}  # their A/A twins and rounds, per config, for the run
 
     def diagnostics(self, ctx: RunContext) -> EngineDiagnostics | None:
-        """The engine's in-process trace; a command target is a black box (nothing to trace)."""
-        return EngineDiagnostics(self.spec, self.baseline_knobs) if self.spec.target.kind == "engine" else None
+        """The engine's trace (in the baseline's engine child); a command target is a black box."""
+        if self.spec.target.kind != "engine":
+            return None
+        return EngineDiagnostics(self.spec, self.baseline_knobs, self.trace_baseline)
+
+    def trace_baseline(self) -> Feedback:
+        """The diagnosis trace in the baseline's engine child (kept for the step bench when there is code to
+        patch, else stopped: nothing else runs in it)."""
+        worker = self.baseline_worker(self.baseline_knobs)
+        try:
+            return trace_engine(self.spec, self.baseline_knobs, worker)
+        finally:
+            if self.code_dir is None:
+                worker.close()
 
     @contextlib.contextmanager
     def session(self, ctx: RunContext, experiment: int) -> Iterator[None]:
-        """The baseline launched for the whole run (from a worktree of the code, when it has one)."""
+        """The baseline for the whole run: a worktree of the code (when it has one); its server is launched
+        with the first candidate's, the two loading in parallel (a patch the step bench refutes needs none)."""
         with contextlib.ExitStack() as stack:
             if self.code_dir is not None:
                 self.base_code = stack.enter_context(Workspace.create(
                     self.code_dir, ctx.artifact_home("workspaces"), f"run-{ctx.run_id}-baseline-{_stamp()}"))
-            base = stack.enter_context(launched(self.spec.target, self.baseline_knobs, ctx.ledger, ctx.run_id,
-                                                "baseline", code=self._code(self.base_code)))
-            self.base, self.base_experiment = base, experiment
+            self.launches, self.base_experiment = stack, experiment
             try:
                 yield
             finally:
-                self.base = None
+                self.base, self.launches = None, None
                 for worker in self.step_workers.values():
                     worker.close()
                 for aa in self.step_aas.values():
@@ -117,15 +130,42 @@ class ServingTarget:
                 self.step_workers.clear()
                 self.step_aas.clear()
 
+    @contextlib.contextmanager
+    def beside_baseline(self, ctx: RunContext, knobs: dict, role: str,
+                        code: Path | None = None) -> Iterator[tuple[TargetProcess, TargetProcess]]:
+        """(the baseline's server, a launch of knobs from code): the baseline is launched, for the rest of the
+        run, when this is the first launch that needs it, the two loading in parallel."""
+        self._spawn_baseline(ctx)
+        with launched(self.spec.target, knobs, ctx.ledger, ctx.run_id, role, code=code, wait=False) as other:
+            base = self.baseline_server(ctx)
+            yield base, other.ready()
+
+    def baseline_server(self, ctx: RunContext) -> TargetProcess:
+        """The baseline's server, launched on first use and kept for the run; one that cannot start ends it."""
+        self._spawn_baseline(ctx)
+        try:
+            return self.base.ready()  # type: ignore[union-attr]
+        except TargetError as err:
+            raise RunError(f"the baseline target did not start, so nothing can be compared: {err}") from None
+
+    def _spawn_baseline(self, ctx: RunContext) -> None:
+        if self.base is None:
+            assert self.launches is not None, "the baseline is launched only inside session()"
+            try:
+                self.base = self.launches.enter_context(launched(
+                    self.spec.target, self.baseline_knobs, ctx.ledger, ctx.run_id, "baseline",
+                    code=self._code(self.base_code), wait=False))
+            except TargetError as err:
+                raise RunError(f"the baseline target did not start, so nothing can be compared: {err}") from None
+
     def _aa_floor(self, ctx: RunContext) -> float:
         """The A/A floor for local wins: the baseline against a twin launch of it, measured once per run when a
         local A/B first needs it (a resumed run reuses it from the ledger)."""
         key = "calibration/aa"
         if key not in ctx.done:
             started = time.monotonic()
-            with launched(self.spec.target, self.baseline_knobs, ctx.ledger, ctx.run_id, "baseline-twin",
-                          code=self._code(self.base_code)) as twin:
-                feedback = self._probe(lambda: aa_calibration(self.spec.scenarios[0], self.base.base_url,
+            with self.beside_baseline(ctx, self.baseline_knobs, "baseline-twin", self._code(self.base_code)) as (base, twin):
+                feedback = self._probe(lambda: aa_calibration(self.spec.scenarios[0], base.base_url,
                                                               twin.base_url, seed=7), twin)
             ctx.record(key, feedback, self.base_experiment, started)
         return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
@@ -173,10 +213,9 @@ class ServingTarget:
                 return {"judgements": judgements, "why": f"quality gate: {gate['verdict']}",
                         "posed": quality_causes(ctx, self.spec, self.baseline_knobs, candidate, gate)
                         if ctx.feedback == "ladder" else []}
-        base_url = self.base.base_url  # type: ignore[union-attr]
         try:
-            with launched(self.spec.target, candidate.knobs, ctx.ledger, ctx.run_id, key,
-                          code=self._code(candidate.workspace)) as cand:
+            with self.beside_baseline(ctx, candidate.knobs, key, self._code(candidate.workspace)) as (base, cand):
+                base_url = base.base_url
                 if not gated and not checked and ctx.feedback == "ladder":  # e2e-only: outputs judged end to end
                     started = time.monotonic()
                     check = ctx.record(f"{key}/check", self._probe(lambda: check_outputs(base_url, cand.base_url),
@@ -283,16 +322,21 @@ class ServingTarget:
     def engine_pair(self, workspace: Workspace, knobs: dict) -> Iterator[tuple[StepWorker, StepWorker]]:
         """The baseline's engine child for these knobs (started once, kept for the run: its warm-up is paid
         once) and a fresh child of the worktree's engine, loaded in parallel."""
+        cand = StepWorker(workspace.path, self.engine_fields(knobs), "candidate")
+        try:
+            base = self.baseline_worker(knobs, ready=False)
+            yield base.ready(), cand.ready()
+        finally:
+            cand.close()
+
+    def baseline_worker(self, knobs: dict, ready: bool = True) -> StepWorker:
+        """The baseline's engine child for these knobs, from the baseline's code, started once for the run."""
         config = self.engine_fields(knobs)
         name = json.dumps(config, sort_keys=True)
         base = self.step_workers.get(name)
         if base is None or not base.alive():
             base = self.step_workers[name] = StepWorker(self._code(self.base_code), config, "baseline")
-        cand = StepWorker(workspace.path, config, "candidate")
-        try:
-            yield base.ready(), cand.ready()
-        finally:
-            cand.close()
+        return base.ready() if ready else base
 
     def engine_fields(self, knobs: dict) -> dict:
         """The EngineConfig an engine child builds for these knobs, as plain data (it may be another code copy)."""
@@ -315,32 +359,31 @@ class ServingTarget:
     def _alive(self, cand: TargetProcess) -> None:
         """Raise TargetDied for the candidate, or RunError when the baseline itself died."""
         try:
-            self.base.check_alive()  # type: ignore[union-attr]
+            if self.base is not None:
+                self.base.check_alive()
         except TargetDied as err:
             raise RunError(f"the baseline target died, so no comparison can be trusted: {err}") from None
         cand.check_alive()
 
 
-def trace_engine(spec: Spec, knobs: dict) -> Feedback:
-    """Run a few requests shaped like the first scenario through the engine in-process, traced; analyze it,
-    and say how the scheduler shaped it (analysis/scheduling.py)."""
-    from infragent.engine.llm_engine import LLMEngine
-    from infragent.engine.sampling import SamplingParams
-    from infragent.probes.analyze import analyze
-    from infragent.trace import Recorder
+TRACE_OUTPUT_TOKENS = 16  # the spans' shares are the same as at 32 tokens (mlp 52% vs 51%) in half the time
 
+
+def trace_engine(spec: Spec, knobs: dict, worker: StepWorker) -> Feedback:
+    """A few requests shaped like the first scenario (at most TRACE_OUTPUT_TOKENS tokens each), traced in an
+    engine child (worker: the baseline's code); analyzed, with how the scheduler shaped them
+    (analysis/scheduling.py)."""
+    from infragent.probes.analyze import analyze
+    from infragent.trace_model import Trace
+
+    workload = engine_workload(spec, knobs)
+    unit = Unit([ids for ids, _ in workload], min(TRACE_OUTPUT_TOKENS, max(out for _, out in workload)))
+    answer = worker.run(unit, trace=artifact_dir() / f"trace-baseline-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    feedback = analyze(answer["trace"])
     config = engine_config(spec.target, knobs)
-    engine = LLMEngine(config)
-    with Recorder(thread_cpu=True) as rec:
-        for ids, out in engine_workload(spec, knobs):
-            engine.add_request(ids, SamplingParams(max_tokens=out, ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
-    engine.close()
-    trace = rec.trace()
-    path = trace.save(artifact_dir() / f"trace-baseline-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    feedback = analyze(path)
-    feedback.details["scheduling"] = scheduling(trace, config.max_num_batched_tokens, config.max_num_seqs).to_dict()
+    feedback.details["scheduling"] = scheduling(Trace.load(answer["trace"]), config.max_num_batched_tokens,
+                                                config.max_num_seqs).to_dict()
+    feedback.locality["code"] = worker.code
     return feedback
 
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from infragent.agent.context import RunContext, fresh_key
 from infragent.agent.proposal import Probe
 from infragent.agent.workspace import Workspace
-from infragent.lab.lifecycle import launched
 from infragent.lab.measure import interleaved_repeat
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback, Measure
@@ -117,10 +116,8 @@ def _scenario(target: "ServingTarget", ctx: RunContext, ws: Workspace, key: str)
     from infragent.agent.steps import objective
 
     scenario = target.spec.scenarios[0].model_copy(update={"repeats": 1})
-    with launched(target.spec.target, target.baseline_knobs, ctx.ledger, ctx.run_id, f"{key}/tool",
-                  code=ws.path) as cand:
-        runs = interleaved_repeat(scenario, {"baseline": target.base.base_url, "candidate": cand.base_url},  # type: ignore[union-attr]
-                                  seed=31)
+    with target.beside_baseline(ctx, target.baseline_knobs, f"{key}/tool", ws.path) as (base, cand):
+        runs = interleaved_repeat(scenario, {"baseline": base.base_url, "candidate": cand.base_url}, seed=31)
     values = {side: objective(run) for side, run in runs.items()}
     latency = {side: sorted(r.latency_s for r in run.records if r.success and not r.warmup)
                for side, run in runs.items()}

@@ -78,10 +78,11 @@ def _mark(ledger: Ledger, run_id: int, status: str, why: str, resume_hint: str, 
 
 @contextlib.contextmanager
 def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int, role: str,
-             code: Path | None = None) -> Iterator[TargetProcess]:
+             code: Path | None = None, wait: bool = True) -> Iterator[TargetProcess]:
     """A target process recorded in the ledger (group, port, argv) before its readiness wait, stopped and
     marked so on the way out; the launch's status says whether it was ready, died or never became ready.
-    code: a copy of the target's code to launch from (lab/target.code_environment)."""
+    code: a copy of the target's code to launch from (lab/target.code_environment). wait=False yields it
+    spawned, not yet ready: the caller waits with proc.ready() (several launches then load in parallel)."""
     log_path = ledger.path.parent / "logs" / f"run-{run_id}-{role.replace('/', '-')}.log"
     ids: list[int] = []
 
@@ -89,23 +90,30 @@ def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int,
         ids.append(ledger.record_launch(run_id, role, proc.pgid, proc.port, proc.argv, str(proc.log_path),
                                         proc.started_at))
 
-    proc = TargetProcess(target, knobs, log_path, on_launch=record, code=code)
+    proc = TargetProcess(target, knobs, log_path, on_launch=record, code=code,
+                         on_ready=lambda _: ledger.set_launch(ids[0], status="ready"))
     status = "stopped"
     try:
         try:
-            proc.start()
+            proc.spawn()
+            if wait:
+                proc.ready()
         except TargetError as err:
             status = f"not ready: {str(err)[:200]}"
             raise
-        ledger.set_launch(ids[0], status="ready")
         yield proc
     except TargetDied as err:
         status = f"died: {str(err)[:200]}"
+        raise
+    except TargetError as err:  # a launch yielded unready that never became ready
+        status = f"not ready: {str(err)[:200]}" if not proc.is_ready else f"failed: {str(err)[:200]}"
         raise
     except KeyboardInterrupt:
         status = "stopped by interrupt"
         raise
     finally:
+        if status == "stopped" and not proc.is_ready:
+            status = "stopped before it was ready"
         with held_signals():  # stopped and recorded as stopped, whatever arrives meanwhile
             proc.stop()
             if ids:

@@ -2,6 +2,7 @@
 capture its logs, and stop it by that process group only (never a broad kill)."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shlex
@@ -46,11 +47,19 @@ PORT_HINT = ("put --port {port} (or your server's port flag) in [target] command
              "ready_url: every launch then gets its own free port")
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=64)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and not one handed out lately (a launch
+    spawned but not yet listening holds its port without binding it)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
 
 def has_port_placeholder(target: Target) -> bool:
@@ -137,7 +146,8 @@ class TargetProcess:
     records the group then, so an interrupted run can stop it)."""
 
     def __init__(self, target: Target, knobs: dict[str, Any], log_path: str | Path,
-                 on_launch: Callable[["TargetProcess"], None] | None = None, code: Path | None = None) -> None:
+                 on_launch: Callable[["TargetProcess"], None] | None = None, code: Path | None = None,
+                 on_ready: Callable[["TargetProcess"], None] | None = None) -> None:
         self.argv, self.base_url, self.ready_url = launch_command(target, knobs)
         self.cwd, self.env = code_environment(target, code)
         self.port = port_of(self.ready_url)
@@ -146,13 +156,18 @@ class TargetProcess:
         self.death: str | None = None  # what the watchdog saw: the target exited or stopped answering
         self._stopping = threading.Event()
         self.log_path = Path(log_path)
-        self.on_launch = on_launch
+        self.on_launch, self.on_ready = on_launch, on_ready
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.listener_check = target.listener_check
+        self.is_ready = False
 
     def start(self) -> "TargetProcess":
         """Launch (new session = new process group) and wait until it is proven ready; stop it on any failure."""
+        return self.spawn().ready()
+
+    def spawn(self) -> "TargetProcess":
+        """Launch without waiting (start several, then wait on each: they load in parallel)."""
         squatter = None if self.listener_check else listener_pid(self.port)
         if squatter is not None:
             raise TargetError(f"port {self.port} is in use before the launch (pid {squatter}); with "
@@ -169,10 +184,23 @@ class TargetProcess:
         try:
             if self.on_launch is not None:
                 self.on_launch(self)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def ready(self) -> "TargetProcess":
+        """Wait until the spawned target is proven ready (once); stop it on any failure."""
+        if self.is_ready:
+            return self
+        try:
             self._wait_ready()
         except BaseException:  # not ready, Ctrl-C or SIGTERM while waiting: never leave it running
             self.stop()
             raise
+        self.is_ready = True
+        if self.on_ready is not None:
+            self.on_ready(self)
         threading.Thread(target=self._watch, name=f"watchdog-{self.port}", daemon=True).start()
         return self
 
