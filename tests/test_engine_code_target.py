@@ -58,6 +58,9 @@ def test_an_engine_patch_is_accepted_end_to_end_and_a_wrong_one_rejected_at_the_
     assert e2e["verdict"] == "pass"
     base, cand = e2e["numbers"]["objective_baseline"], e2e["numbers"]["objective_candidate"]
     assert cand["ci_low"] > base["ci_high"], e2e["finding"]  # more output tokens/s than the interleaved baseline
+    # the diagnosis traced the baseline's worktree (the planted code), not the installed package
+    traced = records["ladder/trace"]["feedback"]["locality"]["code"]
+    assert "/workspaces/worktrees/" in traced and "baseline" in traced, traced
     # the servers ran the worktrees' code: the baseline's worktree and the candidate's, never the checkout
     launches = {launch["role"]: launch for launch in ledger.launches(outcome.run_id)}
     for role in ("baseline", "trial/1"):
