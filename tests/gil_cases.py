@@ -1,4 +1,5 @@
 """Planted GIL workloads: a KV-transfer thread beside a compute thread, contended and released.
+The *_bare variants are the same threads with no spans (uninstrumented code).
 
 contended: the transfer thread packs each KV block with a pure-Python loop (it holds the GIL the whole
 time), so the compute thread, whose matmuls release the GIL, waits for it after every matmul.
@@ -7,8 +8,10 @@ Both use one torch thread per op, so the two worker threads fit on two cores (se
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from typing import Any, Callable
 
 import torch
 
@@ -28,45 +31,49 @@ def _pack_block_python(block: list[float]) -> float:
     return acc
 
 
-def _transfer_python(stop: threading.Event) -> None:
+def _spans(on: bool) -> Callable[..., Any]:
+    return span if on else (lambda name, **args: contextlib.nullcontext())
+
+
+def _transfer_python(stop: threading.Event, spans: bool = True) -> None:
     blocks = [[float(j % 13) for j in range(BLOCK_ITEMS)] for _ in range(BLOCKS_PER_BATCH)]
     deadline = time.perf_counter() + TRANSFER_S
-    batch = 0
+    batch, region = 0, _spans(spans)
     while time.perf_counter() < deadline:
-        with span("transfer", batch=batch):
+        with region("transfer", batch=batch):
             for block in blocks:
                 _pack_block_python(block)
         batch += 1
     stop.set()
 
 
-def _transfer_torch(stop: threading.Event) -> None:
+def _transfer_torch(stop: threading.Event, spans: bool = True) -> None:
     blocks = torch.arange(BLOCKS_PER_BATCH * BLOCK_ITEMS * 256, dtype=torch.float32).remainder_(13)
     deadline = time.perf_counter() + TRANSFER_S
-    batch = 0
+    batch, region = 0, _spans(spans)
     while time.perf_counter() < deadline:
-        with span("transfer", batch=batch):
+        with region("transfer", batch=batch):
             torch.cumsum(blocks, 0)  # the whole batch in one op (about 0.5 ms), which releases the GIL
         batch += 1
     stop.set()
 
 
-def _compute(stop: threading.Event) -> None:
+def _compute(stop: threading.Event, spans: bool = True) -> None:
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
     b = torch.randn(MATMUL_N, MATMUL_N, generator=gen) / MATMUL_N ** 0.5
-    step = 0
+    step, region = 0, _spans(spans)
     while not stop.is_set():
-        with span("step", step=step):
+        with region("step", step=step):
             a = torch.tanh(a @ b)
         step += 1
 
 
-def _run(transfer) -> None:
+def _run(transfer, spans: bool = True) -> None:
     torch.set_num_threads(1)  # one core per worker thread: off-CPU time is then waiting, not oversubscription
     stop = threading.Event()
-    threads = [threading.Thread(target=transfer, args=(stop,), name="kv-transfer"),
-               threading.Thread(target=_compute, args=(stop,), name="compute")]
+    threads = [threading.Thread(target=transfer, args=(stop, spans), name="kv-transfer"),
+               threading.Thread(target=_compute, args=(stop, spans), name="compute")]
     for t in threads:
         t.start()
     for t in threads:
@@ -81,6 +88,26 @@ def contended() -> None:
 def released() -> None:
     """The fix: the transfer's per-block loop is one torch op per batch, which releases the GIL."""
     _run(_transfer_torch)
+
+
+def contended_bare() -> None:
+    """contended, uninstrumented: no spans anywhere."""
+    _run(_transfer_python, spans=False)
+
+
+def released_bare() -> None:
+    """released, uninstrumented: no spans anywhere."""
+    _run(_transfer_torch, spans=False)
+
+
+def sleepy_bare() -> None:
+    """A thread that mostly sleeps, uninstrumented: blocked, not waiting for the GIL."""
+    def waiter() -> None:
+        for _ in range(300):
+            time.sleep(0.003)
+    t = threading.Thread(target=waiter, name="poller")
+    t.start()
+    t.join()
 
 
 def broken() -> None:

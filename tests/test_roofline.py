@@ -79,6 +79,7 @@ def test_padded_kda_step_redundant_fraction_matches_hand_count():
     assert fb.details["counts"]["source"] == "counted"  # the padded kernel was run and counted, not looked up
     assert fb.details["reference_counts"]["source"] == "formula:kda_decode_step"
     assert f"{by_hand:.1%} of FLOPs redundant" in fb.finding
+    assert "(dimension 96 → 128)" in fb.finding and "1 → 128" not in fb.finding  # the padded V dimension, named
 
 
 def test_v_tiled_kda_step_also_counts_recomputed_qk_and_gate():

@@ -67,11 +67,30 @@ def generate(
         raise typer.Exit(2)
 
 
-def _emit(feedback, as_json: bool) -> None:
-    """Print a probe's Feedback (JSON or text) and exit 1 when its verdict is fail."""
-    typer.echo(feedback.to_json() if as_json else feedback.render())
+def _emit(feedback, as_json: bool, verbose: bool = False) -> None:
+    """Print a probe's Feedback (JSON or text; compact unless verbose) and exit 1 when its verdict is fail."""
+    from infragent.probes.compact import compact_json, render_compact
+
+    if verbose:
+        typer.echo(feedback.to_json() if as_json else feedback.render())
+    else:
+        typer.echo(compact_json(feedback) if as_json else render_compact(feedback))
     if feedback.verdict == "fail":
         raise typer.Exit(1)
+
+
+INPUTS_STYLE_HELP = ("trial: the factory is called as factory(trial, generator); seed: as factory(seed), one int "
+                     "per trial.")
+
+
+def _factory(name: str, style: str, what: str = "--inputs"):
+    """An inputs factory from module:function, adapted to its style (probes/inputs.inputs_factory)."""
+    from infragent.probes.inputs import InputsError, inputs_factory
+
+    try:
+        return inputs_factory(_resolve(name, what), style, what)
+    except InputsError as err:
+        _fail(str(err))
 
 
 def _resolve(name: str, what: str):
@@ -90,18 +109,21 @@ def check(
     inputs: str = typer.Option(..., "--inputs", help="module:function (trial, generator) -> arguments."),
     partition: Optional[str] = typer.Option(None, "--partition", help="e.g. column:4, row:4, heads:4:dim=1, splitk:4, batch:2."),
     trials: int = typer.Option(24, "--trials", help="Random input draws (fresh inputs each)."),
+    inputs_style: str = typer.Option("trial", "--inputs-style", help=INPUTS_STYLE_HELP),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Compare a candidate with a reference over fresh random inputs; localize where they differ."""
     from infragent.probes.check import PartitionError, run_check
 
-    cand, ref, factory = _resolve(candidate, "candidate"), _resolve(reference, "--reference"), _resolve(inputs, "--inputs")
+    cand, ref, factory = (_resolve(candidate, "candidate"), _resolve(reference, "--reference"),
+                          _factory(inputs, inputs_style))
     try:
         feedback = run_check(cand, ref, factory, partition=partition, trials=trials)
     except PartitionError as err:
         _fail(str(err))
         return
-    _emit(feedback, as_json)
+    _emit(feedback, as_json, verbose)
 
 
 @app.command()
@@ -111,15 +133,25 @@ def bench(
     inputs: Optional[str] = typer.Option(None, "--inputs", help="module:function (trial, generator) -> arguments."),
     budget_s: float = typer.Option(2.0, "--budget-s", help="Most seconds of measuring."),
     threads: int = typer.Option(2, "--threads", help="torch threads, fixed during the run."),
+    inputs_style: str = typer.Option("trial", "--inputs-style", help=INPUTS_STYLE_HELP),
+    metric: str = typer.Option("time", "--metric", help="time: wall time per call; return: the callable "
+                               "returns the work it did (e.g. a fixed-duration loop) and bench compares work per "
+                               "second."),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Time a callable (or A/B two) with calibrated loops, repeats and a bootstrap CI."""
-    from infragent.probes.bench import run_bench
+    from infragent.probes.bench import BenchError, run_bench
 
     a = _resolve(fn, "function")
     b = _resolve(vs, "--vs") if vs else None
-    factory = _resolve(inputs, "--inputs") if inputs else None
-    _emit(run_bench(a, b, factory, budget_s=budget_s, threads=threads, names=(fn, vs)), as_json)
+    factory = _factory(inputs, inputs_style) if inputs else None
+    try:
+        feedback = run_bench(a, b, factory, budget_s=budget_s, threads=threads, names=(fn, vs), metric=metric)
+    except BenchError as err:
+        _fail(str(err))
+        return
+    _emit(feedback, as_json, verbose)
 
 
 @app.command()
@@ -127,23 +159,25 @@ def record(
     workload: str = typer.Argument(..., help="module:function to run while recording spans."),
     output: str = typer.Option("trace.json", "-o", "--output", help="Chrome trace JSON (opens in Perfetto)."),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Run a workload with the span recorder on and write a Chrome trace."""
     from infragent.probes.record import run_record
 
-    _emit(run_record(_resolve(workload, "workload"), output), as_json)
+    _emit(run_record(_resolve(workload, "workload"), output), as_json, verbose)
 
 
 @app.command()
 def gil(
     workload: str = typer.Argument(..., help="module:function that runs a multi-threaded workload."),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Measure, per thread and span, how long each thread held or waited for the GIL."""
     from infragent.probes.gil import run_gil
 
     _resolve(workload, "workload")
-    _emit(run_gil(workload), as_json)
+    _emit(run_gil(workload), as_json, verbose)
 
 
 @app.command()
@@ -151,13 +185,15 @@ def roofline(
     fn: str = typer.Argument(..., help="module:function to classify."),
     inputs: str = typer.Option(..., "--inputs", help="module:function (trial, generator) -> arguments."),
     reference: Optional[str] = typer.Option(None, "--reference", help="module:function doing only the useful work."),
+    inputs_style: str = typer.Option("trial", "--inputs-style", help=INPUTS_STYLE_HELP),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Count FLOPs and bytes, time the call, and say what bounds it (compute, memory or overhead)."""
     from infragent.probes.roofline import run_roofline
 
     ref = _resolve(reference, "--reference") if reference else None
-    _emit(run_roofline(_resolve(fn, "function"), _resolve(inputs, "--inputs"), reference=ref), as_json)
+    _emit(run_roofline(_resolve(fn, "function"), _factory(inputs, inputs_style), reference=ref), as_json, verbose)
 
 
 @app.command()
@@ -170,6 +206,7 @@ def analyze(
     top: int = typer.Option(10, "--top", help="Rows in the top-N lists."),
     metric: str = typer.Option("wall", "--metric", help="What the end-to-end time is called in the diff (e.g. TTFT)."),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Attribute a trace: breakdown, thread-aware overlap, idle gaps, critical path; with --vs, the diff."""
     from infragent.probes.analyze import analyze as run_analyze
@@ -180,7 +217,7 @@ def analyze(
     except TraceFormatError as err:
         _fail(str(err))
         return
-    _emit(feedback, as_json)
+    _emit(feedback, as_json, verbose)
 
 
 @app.command()
@@ -191,24 +228,21 @@ def quality(
     window: int = typer.Option(256, "--window", help="Tokens per window."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts for greedy agreement."),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
     *,
     knobs: dict[str, Any],
 ) -> None:
     """Quality gates of a quantized configuration vs fp32: perplexity, KL divergence, greedy agreement."""
-    from infragent.engine.config import ConfigError, EngineConfig
-    from infragent.engine.llm_engine import LLMEngine
+    from infragent.engine.config import ConfigError
     from infragent.engine.quant.corpus import CorpusError
-    from infragent.probes.quality import QualityPlan, quality as run_quality
+    from infragent.probes.quality import QualityPlan, quality_of
 
     try:
-        candidate = LLMEngine(EngineConfig(model=model, max_model_len=max(window, 64) + 32, **knobs))
-        reference = LLMEngine(EngineConfig(model=model, max_model_len=max(window, 64) + 32))
-        feedback = run_quality(reference, candidate, QualityPlan(windows=windows, window=window, prompts=prompts),
-                               label=" ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")))
+        feedback = quality_of(model, knobs, QualityPlan(windows=windows, window=window, prompts=prompts))
     except (ConfigError, CorpusError, FileNotFoundError) as err:
         _fail(str(err))
         return
-    _emit(feedback, as_json)
+    _emit(feedback, as_json, verbose)
 
 
 @app.command()
@@ -291,6 +325,7 @@ def loadgen(
     seed: int = typer.Option(0, "--seed"),
     api_key: Optional[str] = typer.Option(None, "--api-key"),
     as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Benchmark an OpenAI-compatible server end to end (vLLM bench serve metrics)."""
     from infragent.probes.load_datasets import DatasetError
@@ -317,7 +352,7 @@ def loadgen(
     except (DatasetError, ValueError, ConnectionError) as err:
         _fail(str(err))
         return
-    _emit(feedback, as_json)
+    _emit(feedback, as_json, verbose)
 
 
 @app.command()
@@ -501,7 +536,7 @@ def show(
     for c in candidates:
         accepted = c["status"] == "measured" and c["feasible"]
         typer.echo(f"  candidate trial/{c['trial']} ({c.get('proposer', 'search')}"
-                   + (f", tests {c['hypothesis']}" if c.get("hypothesis") else "") + f"): "
+                   + (f", tests {c['hypothesis']}" if c.get("hypothesis") else "") + "): "
                    + ("ACCEPTED" if accepted else c["status"].upper()) + f": {c['why'][:300]}")
 
 
@@ -528,11 +563,12 @@ def report(
 @app.command()
 def mcp(
     root: str = typer.Option(".", "--root", help="Workspace root: every path a tool takes must stay inside it."),
+    tracebacks: bool = typer.Option(False, "--tracebacks", help="Add the traceback to a failed call's answer."),
 ) -> None:
     """Serve the probes, analyses, ledger queries and criteria evaluation as MCP tools over stdio."""
     from infragent.agent.mcp_server import build_server
 
-    build_server(root).run()
+    build_server(root, tracebacks).run()
 
 
 @app.command()

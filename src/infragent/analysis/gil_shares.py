@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import bisect
 import re
+import sysconfig
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
 from infragent.trace_model import SpanEvent, Trace
@@ -24,7 +26,10 @@ from infragent.trace_model import SpanEvent, Trace
 RUN_DELAY = "sched.run_delay_ns/"
 CPU = "sched.cpu_ns/"
 CONTENTION = "gil.contention"
+BLOCKED = "sched.blocked/"  # 1/0 per tick: the thread waited on something other than the GIL
 WORKLOAD_FRAME = "_run_workload"  # the child's frame around the workload call on the main thread
+_NOT_USER = ("site-packages", "dist-packages", "<frozen", str(Path(__file__).resolve().parents[1]))  # ours too
+_STDLIB = sysconfig.get_paths()["stdlib"]
 _THREAD_PROFILE = re.compile(r'^Thread (\d+)(?: "(.*)")?$')
 
 
@@ -36,6 +41,11 @@ class HeldSamples:
     name: str
     samples: int
     held_ns: int
+    functions: dict[str, int] = field(default_factory=dict)  # 'function (file:line)' -> samples holding
+
+    def top_function(self) -> str | None:
+        """The function this thread was in most often while it held the GIL."""
+        return max(self.functions, key=self.functions.__getitem__) if self.functions else None
 
 
 def parse_speedscope(data: dict[str, Any], main_tid: int | None = None,
@@ -55,8 +65,25 @@ def parse_speedscope(data: dict[str, Any], main_tid: int | None = None,
         samples, weights = profile.get("samples", []), profile.get("weights", [])
         keep = [i for i, stack in enumerate(samples) if tid != main_tid or marker.intersection(stack)]
         seconds = sum(float(weights[i]) for i in keep if i < len(weights))
-        held[tid] = HeldSamples(tid, match.group(2) or "", len(keep), round(seconds * 1e9))
+        functions: dict[str, int] = defaultdict(int)
+        for i in keep:
+            functions[_user_frame(frames, samples[i])] += 1
+        held[tid] = HeldSamples(tid, match.group(2) or "", len(keep), round(seconds * 1e9), dict(functions))
     return held
+
+
+def _user_frame(frames: list[dict[str, Any]], stack: list[int]) -> str:
+    """'function (file:line)' of the innermost frame of a stack in the user's code (not the standard library,
+    an installed package or infragent), else of the innermost frame."""
+    def label(f: dict[str, Any]) -> str:
+        return f"{f.get('name', '?')} ({Path(str(f.get('file', '?'))).name}:{f.get('line', '?')})"
+
+    chosen = [frames[i] for i in stack if 0 <= i < len(frames)]
+    for f in reversed(chosen):
+        path = str(f.get("file", ""))
+        if path and not any(part in path for part in _NOT_USER) and not path.startswith(_STDLIB):
+            return label(f)
+    return label(chosen[-1]) if chosen else "?"
 
 
 @dataclass

@@ -68,7 +68,8 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
     details["idle"] = [asdict(t) for t in gaps]
     if gaps and gaps[0].idle_share > 0.05:
         kinds = ", ".join(f"{k} {v / 1e6:.1f} ms" for k, v in gaps[0].by_kind.items())
-        findings.append(f"most idle: {gaps[0].track} {gaps[0].idle_share:.0%} ({kinds})")
+        findings.append(f"most idle: {gaps[0].track} {gaps[0].idle_share:.0%} ({kinds}; the kinds are inferred "
+                        "from what the other threads did in each gap, not measured)")
     if len(c) <= CRITICAL_PATH_MAX_EVENTS:
         path = critical_path(c)
         details["critical_path"] = {"total_ns": path.total_ns, "wait_ns": path.wait_ns, "steps": len(path.rows),
@@ -99,7 +100,8 @@ def _overlap_dict(o) -> dict:  # noqa: ANN001
 def _next(never: list, gaps: list) -> list[str]:
     probes = []
     if never:
-        probes.append("infragent gil (is one thread starved of the GIL while the other runs?)")
+        probes.append("infragent gil (inferred from spans that never overlap: is one thread starved of the GIL "
+                      "while the other runs? gil measures it)")
     if any("gil" in t.by_kind for t in gaps):
         probes.append("infragent gil on the thread with GIL gaps")
     return probes

@@ -6,18 +6,28 @@ Design (why it is right on a noisy 2-core VM where process-to-process spread bea
 - the statistic is the median of per-pair ratios B/A with a percentile-bootstrap CI;
 - sampling stops as soon as the 99% CI decides (entirely above 1+ε, below 1−ε, or inside ±δ), or when
   the budget runs out; a Mann–Whitney U p-value on the unpaired samples is reported beside it.
+- the budget is wall time for the whole probe, warm-up included: a pair is started only when the time it
+  took last still fits, so a probe overruns by at most one pair (a call longer than the budget: one call
+  each, then "inconclusive: budget" with what it has). Fewer pairs than a bootstrap needs are judged on a
+  t interval of the log ratios.
+- metric "time" compares wall time per call; metric "return" compares work per second, the callable
+  returning how much work it did (a fixed-duration loop). In time mode a pair whose wall times agree while
+  their returned values differ is flagged: the wrong metric would read "no change".
 Without --vs, the function is paired with itself (A/A): the same run gives its time and the noise floor.
 """
 from __future__ import annotations
 
 import gc
+import math
 import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
+from infragent.analysis.blocks import block_estimate
 from infragent.analysis.stats import Summary, bootstrap_median, mann_whitney_p, paired_ratio
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
@@ -25,6 +35,14 @@ from infragent.probes.inputs import Case, call, draw, tensors_of
 from infragent.probes.machine import CONTENDED_CORES, CpuWatch
 
 DECIDE_CONFIDENCE = 0.99
+METRICS = ("time", "return")
+FEW_PAIRS = 4  # below min_pairs and at the budget: a t interval of log ratios needs at least this many
+SAME_TIME = 0.05  # wall times within 5% of each other ...
+OTHER_WORK = 0.25  # ... while the returned values differ by more than 25%: a fixed-duration loop
+
+
+class BenchError(ValueError):
+    """A callable that cannot be benched as asked (metric "return" without a number returned)."""
 
 
 @dataclass
@@ -39,15 +57,25 @@ class BenchConfig:
     margin: float = 0.01  # ε: "faster"/"slower" need the CI to clear 1 ± ε: effects under 1% are not claimed
     threads: int = 2
     seed: int = 0
+    metric: str = "time"  # time: wall time per call; return: wall time per unit of the work returned
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise BenchError(f"metric {self.metric!r}: use 'time' (wall time per call) or 'return' (the callable "
+                             "returns the work it did; bench compares work per second)")
 
 
 @dataclass
 class Comparison:
     """Raw paired samples (ns per call) and the statistics computed from them."""
 
-    a_ns: list[float] = field(default_factory=list)
+    a_ns: list[float] = field(default_factory=list)  # per call, or per unit of work (metric "return")
     b_ns: list[float] = field(default_factory=list)
     b_first: list[bool] = field(default_factory=list)
+    a_work: list[float | None] = field(default_factory=list)  # what each sample's calls returned, per call
+    b_work: list[float | None] = field(default_factory=list)
+    first_calls_s: tuple[float, float] = (0.0, 0.0)  # the warm-up call of A and of B
+    budget_hit: bool = False  # stopped by the budget before the interval decided
     inner: int = 1
     measuring_s: float = 0.0
     ratio: Summary | None = None  # 99% CI of median(B/A)
@@ -57,76 +85,146 @@ class Comparison:
     others_cores: float | None = None  # CPU other processes used while measuring, in cores
 
 
-def timer_for(case: Case) -> Callable[[Callable[[], Any], int], float]:
-    """A function timing `inner` calls and returning ns per call: CUDA events if the inputs are on a GPU."""
+Timer = Callable[[Callable[[], Any], int], tuple[float, Any]]
+
+
+def timer_for(case: Case, metric: str = "time") -> Timer:
+    """A function timing `inner` calls: (ns per call, what the calls returned — their mean as a number for
+    metric "return", else the last value); CUDA events if the inputs are on a GPU."""
     if any(t.is_cuda for t in tensors_of((case.args, case.kwargs))):
         return _cuda_timer()
-    return _cpu_timer
+    return _work_timer if metric == "return" else _cpu_timer
 
 
-def _cpu_timer(thunk: Callable[[], Any], inner: int) -> float:
+def _cpu_timer(thunk: Callable[[], Any], inner: int) -> tuple[float, Any]:
+    out = None
     start = time.perf_counter_ns()
     for _ in range(inner):
-        thunk()
-    return (time.perf_counter_ns() - start) / inner
+        out = thunk()
+    return (time.perf_counter_ns() - start) / inner, out
 
 
-def _cuda_timer() -> Callable[[Callable[[], Any], int], float]:
+def _work_timer(thunk: Callable[[], Any], inner: int) -> tuple[float, Any]:
+    work = 0.0
+    start = time.perf_counter_ns()
+    for _ in range(inner):
+        work += work_of(thunk())
+    return (time.perf_counter_ns() - start) / inner, work / inner
+
+
+def work_of(value: Any) -> float:
+    """The work a call reports (metric "return"): a positive number."""
+    number = as_number(value)
+    if number is None or number <= 0:
+        raise BenchError(f"metric 'return' needs the callable to return the work it did as a positive number "
+                         f"(e.g. iterations done); it returned {type(value).__name__} {str(value)[:60]!r}")
+    return number
+
+
+def as_number(value: Any) -> float | None:
+    """value as a float when it is a plain number, a 0-d tensor or a numpy scalar; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return float(value.item())
+    return None
+
+
+def _cuda_timer() -> Timer:
     scratch = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")  # larger than any L2
 
-    def timed(thunk: Callable[[], Any], inner: int) -> float:
-        total = 0.0
+    def timed(thunk: Callable[[], Any], inner: int) -> tuple[float, Any]:
+        total, out = 0.0, None
         for _ in range(inner):
             scratch.zero_()  # flush L2 so every call starts cold, as in serving
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            thunk()
+            out = thunk()
             end.record()
             end.synchronize()
             total += begin.elapsed_time(end) * 1e6
-        return total / inner
+        return total / inner, out
     return timed
 
 
-def calibrate(thunk: Callable[[], Any], timer: Callable, min_sample_s: float) -> int:
+def calibrate(thunk: Callable[[], Any], timer: Timer, min_sample_s: float) -> int:
     """Smallest power-of-two inner loop whose sample lasts at least min_sample_s."""
     inner = 1
-    while inner < 1 << 20 and timer(thunk, inner) * inner < min_sample_s * 1e9:
+    while inner < 1 << 20 and timer(thunk, inner)[0] * inner < min_sample_s * 1e9:
         inner *= 2
     return inner
 
 
-def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Callable, config: BenchConfig) -> Comparison:
-    """Measure A and B in randomly ordered pairs until the 99% CI of median(B/A) decides or time runs out."""
+def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: BenchConfig) -> Comparison:
+    """Measure A and B in randomly ordered pairs until the 99% CI of median(B/A) decides or the budget (wall
+    time, warm-up included) cannot fit another pair."""
     rng = random.Random(config.seed)
-    for thunk in (a, b, a, b):
-        thunk()  # warm-up: first calls pay for allocation, caches, lazy init
-    result = Comparison(inner=calibrate(a, timer, config.min_sample_s))
+    start = time.perf_counter()
+    first = []
+    for thunk in (a, b):  # warm-up: first calls pay for allocation, caches, lazy init
+        began = time.perf_counter()
+        value = thunk()
+        first.append(time.perf_counter() - began)
+        if config.metric == "return":
+            work_of(value)  # a callable that reports no work fails now, with the fix, not after the budget
+    result = Comparison(first_calls_s=(first[0], first[1]))
+    quick = sum(first) < min(0.05, config.budget_s / 20)
+    if quick:  # a second warm-up round and an inner loop long enough to time
+        a(), b()
+        result.inner = calibrate(a, timer, config.min_sample_s)
+    pair_s = sum(first)  # how long the next pair is expected to take
     gc_was_enabled = gc.isenabled()
     gc.disable()
     watch = CpuWatch()
-    start = time.perf_counter()
+    measuring = time.perf_counter()
     try:
-        while True:
+        while time.perf_counter() - start + pair_s <= config.budget_s:
+            began = time.perf_counter()
             b_first = rng.random() < 0.5
-            first, second = (b, a) if b_first else (a, b)
-            t1, t2 = timer(first, result.inner), timer(second, result.inner)
-            result.a_ns.append(t2 if b_first else t1)
-            result.b_ns.append(t1 if b_first else t2)
+            one, two = (b, a) if b_first else (a, b)
+            (t1, w1), (t2, w2) = timer(one, result.inner), timer(two, result.inner)
+            (ta, wa), (tb, wb) = ((t2, w2), (t1, w1)) if b_first else ((t1, w1), (t2, w2))
+            if config.metric == "return":
+                ta, tb = ta / wa, tb / wb
+            result.a_ns.append(ta)
+            result.b_ns.append(tb)
+            result.a_work.append(as_number(wa))
+            result.b_work.append(as_number(wb))
             result.b_first.append(b_first)
+            pair_s = time.perf_counter() - began
             n = len(result.a_ns)
-            out_of_time = time.perf_counter() - start >= config.budget_s
-            if n >= config.min_pairs and (n % config.check_every == 0 or out_of_time):
-                _decide(result, config, final=out_of_time)
-                if result.outcome != "undecided" or out_of_time:
+            if n >= config.min_pairs and n % config.check_every == 0:
+                _decide(result, config, final=False)
+                if result.outcome != "undecided":
                     break
+        else:
+            _decide_at_budget(result, config)
     finally:
         if gc_was_enabled:
             gc.enable()
-    result.measuring_s = time.perf_counter() - start
+    result.measuring_s = time.perf_counter() - measuring
     result.others_cores = watch.others_cores()
     result.mann_whitney_p = mann_whitney_p(result.a_ns, result.b_ns)
     return result
+
+
+def _decide_at_budget(result: Comparison, config: BenchConfig) -> None:
+    """The budget ended the sampling: decide on what there is, or say the budget was too small."""
+    n = len(result.a_ns)
+    if n >= config.min_pairs:
+        _decide(result, config, final=True)
+    elif n >= FEW_PAIRS:  # too few pairs for a bootstrap: a t interval of the log ratios (honest when small)
+        estimate = block_estimate([math.log(b / a) for a, b in zip(result.a_ns, result.b_ns)], 0.95)
+        result.ratio, result.confidence = Summary(estimate.ratio, estimate.lo, estimate.hi, n), 0.95
+        up, down = 1 + config.margin, 1 - config.margin
+        result.outcome = "slower" if estimate.lo > up else "faster" if estimate.hi < down else "undecided"
+    else:
+        result.outcome = "undecided"
+    result.budget_hit = result.outcome == "undecided"
 
 
 def _decide(result: Comparison, config: BenchConfig, final: bool) -> None:
@@ -151,12 +249,14 @@ def _decide(result: Comparison, config: BenchConfig, final: bool) -> None:
 
 def run_bench(fn: Callable[..., Any], other: Callable[..., Any] | None = None,
               factory: Callable[..., Any] | None = None, budget_s: float = 2.0, threads: int = 2,
-              names: tuple[str | None, str | None] = (None, None), config: BenchConfig | None = None) -> Feedback:
+              names: tuple[str | None, str | None] = (None, None), config: BenchConfig | None = None,
+              metric: str = "time") -> Feedback:
     """Time fn, or compare fn (the candidate, B) against other (the baseline, A): the ratio is fn/other.
 
-    Without other, fn is paired with itself (A/A), which gives its time and the noise floor.
+    Without other, fn is paired with itself (A/A), which gives its time and the noise floor. metric
+    "return": fn returns the work it did, and the comparison is of work per second.
     """
-    config = config or BenchConfig(budget_s=budget_s, threads=threads)
+    config = config or BenchConfig(budget_s=budget_s, threads=threads, metric=metric)
     case = draw(factory, 0) if factory is not None else Case()
     candidate_name = names[0] or getattr(fn, "__name__", "fn")
     baseline = other if other is not None else fn
@@ -164,50 +264,119 @@ def run_bench(fn: Callable[..., Any], other: Callable[..., Any] | None = None,
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        result = compare(lambda: call(baseline, case), lambda: call(fn, case), timer_for(case), config)
+        result = compare(lambda: call(baseline, case), lambda: call(fn, case), timer_for(case, config.metric), config)
     finally:
         torch.set_num_threads(previous_threads)
     return _feedback(result, baseline_name, candidate_name, other is None, case, config)
 
 
+def fixed_duration(result: Comparison, aa: bool) -> float | None:
+    """The returned-value ratio B/A when wall times agree while what the calls return does not (a loop that
+    runs for a fixed time and returns its work), else None."""
+    works = [(wa, wb) for wa, wb in zip(result.a_work, result.b_work) if wa and wb]
+    if len(works) < 2:
+        return None
+    times = [b / a for a, b in zip(result.a_ns, result.b_ns) if a > 0]
+    if aa:  # one callable: its time steady while its return wanders
+        values = [w for w, _ in works] + [w for _, w in works]
+        spread = float(np.std(values) / np.mean(values)) if np.mean(values) > 0 else 0.0
+        steady = float(np.std(result.a_ns) / np.mean(result.a_ns)) < SAME_TIME / 2
+        return 1 + spread if steady and spread > OTHER_WORK else None
+    time_ratio = float(np.median(times)) if times else 1.0
+    work_ratio = float(np.median([wb / wa for wa, wb in works]))
+    same_time = abs(time_ratio - 1) < SAME_TIME
+    other_work = not (1 / (1 + OTHER_WORK) < work_ratio < 1 + OTHER_WORK)
+    return work_ratio if same_time and other_work else None
+
+
 def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case, config: BenchConfig) -> Feedback:
+    n = len(result.a_ns)
+    per = "per unit of work" if config.metric == "return" else "per call"
+    evidence = save_json("bench", {"a": a_name, "b": b_name, "metric": config.metric, "a_ns": result.a_ns,
+                                   "b_ns": result.b_ns, "unit": f"ns {per}", "a_returned": result.a_work,
+                                   "b_returned": result.b_work, "b_first": result.b_first,
+                                   "first_calls_s": list(result.first_calls_s), "inner": result.inner,
+                                   "threads": config.threads, "label": case.label},
+                         "raw samples, pair by pair")
+    details = {"outcome": result.outcome, "confidence": result.confidence, "pairs": n, "inner": result.inner,
+               "metric": config.metric, "budget_hit": result.budget_hit,
+               "raw": {"a_ns": result.a_ns, "b_ns": result.b_ns, "b_first": result.b_first}}
+    locality = {"a": a_name, "b": b_name, "inputs": case.label or "default", "threads": config.threads,
+                "metric": config.metric}
+    if n == 0:
+        return _no_pairs(result, a_name, b_name, aa, config, evidence, details, locality)
     ratio = result.ratio or paired_ratio(result.a_ns, result.b_ns, confidence=DECIDE_CONFIDENCE)
     a_time, b_time = bootstrap_median(result.a_ns), bootstrap_median(result.b_ns)
     half_width = (ratio.hi - ratio.lo) / 2
-    evidence = save_json("bench", {"a": a_name, "b": b_name, "a_ns_per_call": result.a_ns,
-                                   "b_ns_per_call": result.b_ns, "b_first": result.b_first,
-                                   "inner": result.inner, "threads": config.threads, "label": case.label},
-                         "raw per-call samples, pair by pair")
     numbers = {
-        f"time[{a_name}]": Measure(a_time.median / 1e3, "µs", a_time.lo / 1e3, a_time.hi / 1e3, a_time.n),
-        "ratio": Measure(ratio.median, f"× (B/A, {result.confidence:.0%} CI)", ratio.lo, ratio.hi, ratio.n),
+        f"time[{a_name}]": Measure(a_time.median / 1e3, f"µs {per}", a_time.lo / 1e3, a_time.hi / 1e3, a_time.n),
+        "ratio": Measure(ratio.median, f"× (B/A time {per}, {result.confidence:.0%} CI)", ratio.lo, ratio.hi, ratio.n),
         "min_detectable_effect": Measure(half_width * 100, f"% ({result.confidence:.0%} CI half-width)"),
         "mann_whitney_p": Measure(result.mann_whitney_p),
         "measuring_s": Measure(result.measuring_s, "s"),
     }
     if not aa:
-        numbers[f"time[{b_name}]"] = Measure(b_time.median / 1e3, "µs", b_time.lo / 1e3, b_time.hi / 1e3, b_time.n)
+        numbers[f"time[{b_name}]"] = Measure(b_time.median / 1e3, f"µs {per}", b_time.lo / 1e3, b_time.hi / 1e3,
+                                             b_time.n)
+    if config.metric == "return":  # work per second, B over A: the inverse of the time per unit of work
+        numbers["work_rate_ratio"] = Measure(1 / ratio.median, f"× (B/A work per second, {result.confidence:.0%} CI)",
+                                             1 / ratio.hi if ratio.hi else None, 1 / ratio.lo if ratio.lo else None,
+                                             ratio.n)
     change = (ratio.median - 1) * 100
+    next_probes = []
     if aa:
         verdict = "pass" if result.outcome == "no_change" else "inconclusive"
-        finding = (f"{a_name}: {a_time.median / 1e3:.4g} µs per call; noise floor ±{half_width * 100:.2f}% "
+        finding = (f"{a_name}: {a_time.median / 1e3:.4g} µs {per}; noise floor ±{half_width * 100:.2f}% "
                    f"(A/A {result.outcome.replace('_', ' ')})")
     else:
         verdict = {"faster": "pass", "slower": "fail"}.get(result.outcome, "inconclusive")
-        finding = {"faster": f"{b_name} is faster than {a_name} by {-change:.1f}%",
-                   "slower": f"{b_name} is slower than {a_name} by {change:.1f}%",
+        rate = f" ({b_name} does {1 / ratio.median:.3g}x [{1 / ratio.hi:.3g}, {1 / ratio.lo:.3g}] the work per second)" \
+            if config.metric == "return" and ratio.lo > 0 else ""
+        finding = {"faster": f"{b_name} is faster than {a_name} by {-change:.1f}%{rate}",
+                   "slower": f"{b_name} is slower than {a_name} by {change:.1f}%{rate}",
                    "no_change": f"no detectable change (any effect is within ±{config.equivalence * 100:.0f}%)",
-                   "undecided": f"undecided within {config.budget_s:.1f}s: ratio {ratio.median:.3f}, "
-                                f"smallest detectable effect ±{half_width * 100:.1f}%"}[result.outcome]
+                   "undecided": f"undecided: ratio {ratio.median:.3f}, smallest detectable effect "
+                                f"±{half_width * 100:.1f}%"}[result.outcome]
+    if result.budget_hit:
+        verdict, finding = "inconclusive", f"inconclusive: budget: {finding}; {_budget_note(result, config)}"
+        next_probes.append(f"bench again with budget_s={_budget_needed(result, config):.0f} (--budget-s)")
+    if config.metric == "time" and (works := fixed_duration(result, aa)) is not None:
+        verdict = "inconclusive"
+        finding += (f"; WARNING: the wall time barely changes while the returned value does (x{works:.3g}): a "
+                    "fixed-duration loop that returns its work? Time per call cannot see that: use "
+                    "metric='return' (--metric return) to compare work per second")
+        next_probes.insert(0, "bench with metric='return' (--metric return)")
     if result.others_cores is not None and result.others_cores > CONTENDED_CORES:
         numbers["other_processes_cores"] = Measure(result.others_cores, "cores")
         finding += f" [contended: other processes used {result.others_cores:.1f} cores while measuring]"
-    next_probes = [] if result.outcome != "undecided" else ["bench again with a larger --budget-s"]
+    if result.outcome == "undecided" and not result.budget_hit:
+        next_probes.append("bench again with a larger budget_s")
     if result.outcome == "slower":
         next_probes.append(f"infragent roofline {b_name} --inputs ... (what bounds the slower one?)")
-    return Feedback("bench", verdict, finding, numbers=numbers,
-                    locality={"a": a_name, "b": b_name, "inputs": case.label or "default", "threads": config.threads},
-                    evidence=[evidence], next_probes=next_probes,
-                    details={"outcome": result.outcome, "confidence": result.confidence,
-                             "pairs": len(result.a_ns), "inner": result.inner,
-                             "raw": {"a_ns": result.a_ns, "b_ns": result.b_ns, "b_first": result.b_first}})
+    return Feedback("bench", verdict, finding, numbers=numbers, locality=locality, evidence=[evidence],
+                    next_probes=next_probes, details=details)
+
+
+def _no_pairs(result: Comparison, a_name: str, b_name: str, aa: bool, config: BenchConfig, evidence: Any,
+              details: dict, locality: dict) -> Feedback:
+    """The warm-up calls alone used the budget: what they took, and the budget a verdict needs."""
+    first_a, first_b = result.first_calls_s
+    finding = (f"inconclusive: budget: one call each took {first_a:.3g} s ({a_name})"
+               + ("" if aa else f" and {first_b:.3g} s ({b_name})") + f", so budget_s={config.budget_s:g} fits no "
+               f"measured pair; {_budget_note(result, config)}")
+    numbers = {f"first_call[{a_name}]": Measure(first_a, "s (warm-up, not a measurement)")}
+    if not aa:
+        numbers[f"first_call[{b_name}]"] = Measure(first_b, "s (warm-up, not a measurement)")
+    next_probes = [f"bench again with budget_s={_budget_needed(result, config):.0f} (--budget-s)"]
+    return Feedback("bench", "inconclusive", finding, numbers=numbers, locality=locality, evidence=[evidence],
+                    next_probes=next_probes, details=details)
+
+
+def _budget_needed(result: Comparison, config: BenchConfig) -> float:
+    pair_s = sum(result.first_calls_s)
+    return max(config.budget_s * 2, pair_s * (config.min_pairs + 1) * 1.2)
+
+
+def _budget_note(result: Comparison, config: BenchConfig) -> str:
+    return (f"{len(result.a_ns)} measured pairs; a verdict needs about {config.min_pairs} "
+            f"(budget_s={_budget_needed(result, config):.0f})")

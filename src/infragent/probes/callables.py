@@ -69,3 +69,50 @@ def _load_file(path: Path, what: str) -> ModuleType:
         del sys.modules[key]
         raise CallableError(f"{path}: {what}: importing it raised {type(err).__name__}: {err}") from err
     return module
+
+
+_STAMPS: dict[str, tuple[int, int]] = {}  # a user module's file -> (mtime_ns, size) after the call that used it
+
+
+def refresh_modules(root: Path) -> list[str]:
+    """Forget every module loaded from a file under root once any of those files changed (or vanished, or
+    was never stamped) since stamp_modules, so the next resolve imports the code as it is now (an edited or
+    added function is seen, and a module importing an edited one is not left holding the old one); the names
+    forgotten."""
+    mine = _user_modules(root)
+    if all(_STAMPS.get(str(path)) == _stamp(path) for path in mine.values()):
+        return []
+    for name, path in mine.items():
+        sys.modules.pop(name, None)
+        _STAMPS.pop(str(path), None)
+    importlib.invalidate_caches()
+    return sorted(mine)
+
+
+def stamp_modules(root: Path) -> None:
+    """Note the files of the modules under root as they are now (after a call that may have imported them)."""
+    for path in _user_modules(root).values():
+        _STAMPS[str(path)] = _stamp(path)
+
+
+def _user_modules(root: Path) -> dict[str, Path]:
+    """The user's modules under root: not infragent itself, nor anything installed (a virtualenv under root)."""
+    root, prefix = root.resolve(), Path(sys.prefix).resolve()
+    found = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or name == "infragent" or name.startswith("infragent."):
+            continue
+        path = Path(file).resolve()
+        installed = path.is_relative_to(prefix) or {"site-packages", "dist-packages"} & set(path.parts)
+        if path.is_relative_to(root) and not installed:
+            found[name] = path
+    return found
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (stat.st_mtime_ns, stat.st_size)

@@ -9,7 +9,8 @@ mapped to the shard whose output block holds it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -18,7 +19,7 @@ from infragent.probes.compare import Comparison, compare
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.guards import GuardHit, aliased_output, clone_value, dependence_guard, mutated_argument, param_names
 from infragent.probes.inputs import Case, InputsFactory, call, draw, tensors_of
-from infragent.probes.precision import likely_precision
+from infragent.probes.precision import ERROR_LEVELS, likely_precision
 from infragent.probes.partition import (PartitionError, PartitionSpec, combine, output_bounds,
                                         parse_partition, shard_of, slice_text, split_case)
 
@@ -49,6 +50,8 @@ class Localization:
     slice: str  # e.g. "output[:, 512:768]"
     range: tuple[int, int]  # [start, stop) of that shard along the partitioned output axis
     bad_per_shard: dict[int, int]
+    bad_along: list[int] = field(default_factory=list)  # indices along that axis with a bad element (first 8)
+    bad_along_count: int = 0
 
 
 def localize(spec: PartitionSpec, comparison: Comparison) -> Localization | None:
@@ -62,8 +65,9 @@ def localize(spec: PartitionSpec, comparison: Comparison) -> Localization | None
     shard = shard_of(spec, comparison.shape, comparison.first_bad_index)
     start, stop = bounds[shard]
     name = "output" if comparison.output == 0 else f"output {comparison.output}"
+    along = per_axis.nonzero().flatten().tolist()
     return Localization(shard, [i for i, n in counts.items() if n], name + slice_text(len(comparison.shape), axis, start, stop),
-                        (start, stop), {i: n for i, n in counts.items() if n})
+                        (start, stop), {i: n for i, n in counts.items() if n}, along[:8], len(along))
 
 
 @dataclass
@@ -204,19 +208,46 @@ def _trial(candidate: Callable[..., Any], reference: Callable[..., Any], case: C
 
 def run_check(candidate: Callable[..., Any], reference: Callable[..., Any], factory: InputsFactory,
               partition: str | None = None, trials: int = 24, *, seed: int = 0, rtol: float | None = None,
-              guards: bool = True) -> Feedback:
+              guards: bool = True, budget_s: float | None = None) -> Feedback:
     """Compare candidate with reference over `trials` fresh input draws; guard and localize; one Feedback.
 
     partition: a spec such as 'column:4' (see partition.py); raises PartitionError when it is malformed
     or does not fit the inputs. rtol overrides the dtype/K tolerance. guards=False skips the
-    dependence guard (constant output, caching), which makes extra candidate calls.
+    dependence guard (constant output, caching), which makes extra candidate calls. budget_s: no trial is
+    started that the last one's time says would end past it; a pass on fewer trials than asked is
+    "inconclusive: budget".
     """
     spec = parse_partition(partition) if partition else None
     params = param_names(candidate)
+    started = time.monotonic()
     hits = dependence_guard(candidate, reference, factory, seed, rtol) if guards else []
-    results = [_trial(candidate, reference, draw(factory, t, seed), t, spec, rtol, params, hits)
-               for t in range(trials)]
-    return _feedback(spec, results, hits)
+    results: list[TrialResult] = []
+    last = 0.0
+    for t in range(trials):
+        if budget_s is not None and results and time.monotonic() - started + last > budget_s:
+            break
+        began = time.monotonic()
+        results.append(_trial(candidate, reference, draw(factory, t, seed), t, spec, rtol, params, hits))
+        last = time.monotonic() - began
+    feedback = _feedback(spec, results, hits)
+    if len(results) < trials:
+        feedback.details["budget_hit"] = True
+        feedback.finding += (f" (stopped after {len(results)} of {trials} trials: budget_s={budget_s:g} spent, "
+                             f"{time.monotonic() - started:.1f} s)")
+        if feedback.verdict == "pass":
+            feedback.verdict, feedback.finding = "inconclusive", "inconclusive: budget: " + feedback.finding
+        feedback.next_probes.insert(0, f"check again with budget_s={2 * (budget_s or 0) + 10:.0f} for all "
+                                       f"{trials} trials")
+    return feedback
+
+
+def _only(spec: PartitionSpec, loc: Localization) -> str:
+    """' (column 700 only)' when few indices along the partitioned axis are bad."""
+    if not loc.bad_along or loc.bad_along_count > 4 or loc.bad_along_count == loc.range[1] - loc.range[0]:
+        return ""
+    word = {"column": "column", "row": "row", "batch": "row", "heads": "head"}.get(spec.kind, "index")
+    plural = "s" if loc.bad_along_count > 1 else ""
+    return f" ({word}{plural} {', '.join(map(str, loc.bad_along))} only)"
 
 
 def _err(x: float) -> str:
@@ -241,8 +272,20 @@ def worst_unpartitioned(results: list[TrialResult]) -> float:
                default=float("nan"))
 
 
-def _precision_note(max_rel_err: float) -> str:
-    """'; error level of bf16 operands ...' when an error is well above fp32 rounding."""
+WRONG_LEVEL = 2.0 ** (max(ERROR_LEVELS.values()) + 3)  # 8x the coarsest operand precision's error level: not rounding
+MISSING_SHARE = 0.9  # of the bad elements exactly 0 where the reference is not: values missing
+
+
+def _precision_note(max_rel_err: float, comparison: Comparison | None = None) -> str:
+    """What kind of error this is: values missing (zeros where the reference has values), values wrong (an
+    error far above any precision's rounding level: no dtype is to blame), or the error level of an operand
+    precision when it is one."""
+    if comparison is not None and comparison.bad and comparison.zeros >= MISSING_SHARE * comparison.bad:
+        return (f"; values wrong, missing: the candidate gives 0 where the reference does not ({comparison.zeros} "
+                f"of {comparison.bad} bad elements), not a rounding difference (no dtype is to blame)")
+    if max_rel_err > WRONG_LEVEL:
+        return (f"; values wrong: an error of {max_rel_err:.2g} is far above any precision's rounding level "
+                "(no dtype is to blame)")
     name = likely_precision(max_rel_err)
     return "" if name.startswith(("fp32", "exact")) else f"; an error level typical of {name}"
 
@@ -273,13 +316,13 @@ def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[
             where = {"partition": spec.text, "shard": loc.shard, "slice": loc.slice, "range": list(loc.range), **where}
             if len(loc.shards) > 1:
                 where["shards"] = loc.shards
-            return "fail", (f"{who} of {spec.text} {verb}: {loc.slice}, first bad index {c.first_bad_index}, "
-                            f"max rel err {_err(worst)} over {len(compared)} trials{_precision_note(worst)}"), where
+            return "fail", (f"{who} of {spec.text} {verb}: {loc.slice}{_only(spec, loc)}, first bad index {c.first_bad_index}, "
+                            f"max rel err {_err(worst)} over {len(compared)} trials{_precision_note(worst, c)}"), where
         at = f"output {c.output} index" if c.output else "index"
         overall = "" if _err(worst) == _err(c.max_rel_err) else f"; worst over {len(compared)} trials {_err(worst)}"
         text = (f"differs on {len(bad)}/{len(compared)} trials: first on case {first.label!r} at {at} "
                 f"{c.first_bad_index}, max rel err {_err(c.max_rel_err)} there (tol {_err(c.tol)}){overall}"
-                f"{_precision_note(worst)}")
+                f"{_precision_note(worst, c)}")
         if spec and spec.sums and first.partitioned and first.partitioned.bad_shards:
             shard = first.partitioned.bad_shards[0]
             text += f"; on {spec.text} shard {shard.index} ({shard.inputs}) differs too"
@@ -297,7 +340,7 @@ def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[
             on_case = "" if _err(here) == _err(worst) else f"; {_err(here)} on this case"
             why = s.error or (f"max rel err {_err(worst)} (worst over {len(results)} trials, each shard and the "
                               f"combined output{on_case}), first bad index {s.comparison.first_bad_index}"
-                              f"{_precision_note(worst)}")
+                              f"{_precision_note(worst, s.comparison)}")
             who = (f"shard {s.index} ({s.inputs})" if len(p.bad_shards) == 1 else
                    "shards " + ", ".join(f"{b.index} ({b.inputs})" for b in p.bad_shards))
             return "fail", (f"partitioned run {spec.text} differs on {who} on case {part.label!r} while the "

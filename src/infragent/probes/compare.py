@@ -25,6 +25,7 @@ class Comparison:
     output: int = 0  # which output tensor holds first_bad_index
     shape: tuple[int, ...] = ()
     first_bad_index: tuple[int, ...] | None = None
+    zeros: int = 0  # bad elements where the candidate is exactly 0 and the reference is not (values missing)
     nonfinite: int = 0  # candidate NaN/Inf where the reference is finite
     first_nonfinite: tuple[int, ...] | None = None
     bad_mask: torch.Tensor | None = field(default=None, repr=False)
@@ -32,7 +33,7 @@ class Comparison:
     def row(self) -> dict[str, Any]:
         """JSON-safe summary."""
         return {"max_abs_err": self.max_abs_err, "max_rel_err": self.max_rel_err, "max_ulp": self.max_ulp,
-                "tol": self.tol, "bad": self.bad, "total": self.total, "problem": self.problem,
+                "tol": self.tol, "bad": self.bad, "zeros": self.zeros, "total": self.total, "problem": self.problem,
                 "first_bad_index": list(self.first_bad_index) if self.first_bad_index else None}
 
 
@@ -86,6 +87,7 @@ def compare(candidate: Any, reference: Any, reduction: int | None = None, rtol: 
         result.tol = max(result.tol, tol)
         result.total += c.numel()
         result.bad += int(bad.sum())
+        result.zeros += int((bad & (c64 == 0) & (r64 != 0)).sum())
         if c.numel():
             result.max_abs_err = max(result.max_abs_err, float(abs_err.max()))
             result.max_rel_err = max(result.max_rel_err, float(rel.max()))

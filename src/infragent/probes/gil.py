@@ -30,6 +30,7 @@ from infragent.analysis.gil_shares import (CONTENTION, HeldSamples, ShareRow, pa
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Evidence, Feedback, Measure
 from infragent.probes.gil_child import SAMPLER_THREAD
+from infragent.probes.gil_threads import threads_feedback
 from infragent.trace_model import Trace, TraceFormatError
 
 WAIT_THRESHOLD = 0.25  # a thread blocked more than this share of its span time is starved
@@ -68,6 +69,7 @@ class GilReport:
     pyspy: bool
     notes: list[str]
     gil_was_free: bool = False  # the blocked thread waited while the GIL was mostly free: not a GIL problem
+    holder_function: str | None = None  # where the holder held the GIL most often (py-spy)
 
     def worst_span(self, row: ShareRow) -> ShareRow:
         """The span name on row's thread with the most waited time."""
@@ -173,8 +175,9 @@ def analyze(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
     if not trace.meta.get("gilknocker", True):
         notes.append("gilknocker not installed: no contention metric")
     free = starving is not None and starving.contention is not None and starving.contention < FREE_GIL
+    function = held[holder.tid].top_function() if held and holder is not None and holder.tid in held else None
     return GilReport(workload, threads, spans, starving, holder, contention, threshold, held is not None, notes,
-                     gil_was_free=free)
+                     gil_was_free=free, holder_function=function)
 
 
 def _pct(x: float | None) -> str:
@@ -201,6 +204,8 @@ def finding(report: GilReport) -> str:
         busy = report.busiest_span(holder)
         if report.pyspy:
             text += f"; thread {busy.thread} held the GIL {_pct(busy.held_share)} of {busy.span} spans"
+            if report.holder_function:
+                text += f", mostly in {report.holder_function}"
         else:
             text += (f"; thread {busy.thread} was on CPU {_pct(busy.on_cpu_share)} of {busy.span} spans "
                      "(GIL holding n/a without py-spy)")
@@ -250,6 +255,8 @@ def to_feedback(report: GilReport, evidence: list[Evidence]) -> Feedback:
         locality = {"thread": worst.thread, "span": worst.span}
         if report.holder is not None:
             locality.update(holder=report.holder.thread, holder_span=report.busiest_span(report.holder).span)
+            if report.holder_function:
+                locality["holder_function"] = report.holder_function
         holder = report.holder.thread if report.holder else "the holding thread"
         next_probes = [f"move {holder}'s per-item Python work into torch ops that release the GIL, "
                        "or into one batched call per step",
@@ -276,6 +283,11 @@ def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms
         return Feedback("gil", "inconclusive", f"workload {workload_name} ran longer than {timeout_s:g} s",
                         next_probes=["make the workload shorter (a few seconds is enough)"])
     trace = Trace.load(rec.trace_path)
+    if not any(s.cpu_ns is not None and s.dur_ns > 0 for s in trace.spans):  # no spans: whole threads
+        evidence = [Evidence.of(rec.trace_path, "child trace: schedstat, blocked-state and gilknocker counters")]
+        if rec.pyspy_path is not None:
+            evidence.append(Evidence.of(rec.pyspy_path, "py-spy --gil samples (speedscope)"))
+        return threads_feedback(workload_name, trace, rec.held, threshold, rec.notes, evidence, {SAMPLER_THREAD})
     report = analyze(workload_name, trace, rec.held, threshold, rec.notes)
     shares = out_dir / "shares.json"
     shares.write_text(json.dumps({"threads": [r.to_dict() for r in report.threads],

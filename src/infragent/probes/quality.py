@@ -12,6 +12,7 @@ Each comes with a bootstrap CI over windows (or prompts) and the raw per-window 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,3 +117,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def quality_of(model: str, knobs: dict[str, Any], plan: QualityPlan | None = None) -> Feedback:
+    """The quality gates of an engine configuration (knobs: quantization, KV-cache dtypes) against fp32."""
+    from infragent.engine.config import EngineConfig
+
+    plan = plan or QualityPlan()
+    length = max(plan.window, 64) + 32
+    candidate = LLMEngine(EngineConfig(model=model, max_model_len=length, **knobs))
+    reference = LLMEngine(EngineConfig(model=model, max_model_len=length))
+    return quality(reference, candidate, plan,
+                   label=" ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")) or "fp32")

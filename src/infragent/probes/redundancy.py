@@ -24,6 +24,7 @@ class ExtraWork:
     reference_calls: int
     flops: float
     reference_flops: float
+    grown: str = ""  # the dimensions larger than the reference's in this op's operands, e.g. "96 → 128"
 
     @property
     def extra_flops(self) -> float:
@@ -48,7 +49,8 @@ def extra_work(work: WorkCount, reference: WorkCount) -> list[ExtraWork]:
             kind = "recomputed"
         else:
             kind = "inflated"
-        rows.append(ExtraWork(op, kind, calls, ref_calls, flops, ref_flops))
+        grown = _grown(work.shapes.get(op, []), reference.shapes.get(op, [])) if kind == "inflated" else ""
+        rows.append(ExtraWork(op, kind, calls, ref_calls, flops, ref_flops, grown))
     return sorted(rows, key=lambda r: -r.extra_flops)
 
 
@@ -63,10 +65,26 @@ def describe(rows: list[ExtraWork], total_flops: float) -> str:
                      f"({share:.1%} of FLOPs)")
     inflated = [r for r in rows if r.kind == "inflated"]
     if inflated:
-        parts.append("inflated: " + ", ".join(f"{r.op} {r.repeat:.2f}x" for r in inflated[:4])
+        parts.append("inflated: " + ", ".join(f"{r.op} {r.repeat:.2f}x" + (f" (dimension {r.grown})" if r.grown else "")
+                                              for r in inflated[:4])
                      + f" the reference's FLOPs ({sum(r.extra_flops for r in inflated) / total_flops:.1%} of FLOPs)")
     extra = [r for r in rows if r.kind == "not in the reference"]
     if extra:
         parts.append(f"not in the reference: {', '.join(r.op for r in extra)} "
                      f"({sum(r.flops for r in extra) / total_flops:.1%} of FLOPs)")
     return "; ".join(parts)
+
+
+def _grown(mine: list[list[list[int]]], theirs: list[list[list[int]]]) -> str:
+    """'96 → 128' when an op's operands match the reference's in rank but some dimensions are only larger
+    (padding); '' when the shapes do not show it."""
+    changes: set[tuple[int, int]] = set()
+    for ours in mine:
+        for ref in theirs:
+            if len(ours) != len(ref) or any(len(a) != len(b) for a, b in zip(ours, ref)):
+                continue
+            diffs = {(b, a) for x, y in zip(ours, ref) for a, b in zip(x, y) if a != b and b != 1}  # 1: broadcast
+            if diffs and all(a > b for b, a in diffs):
+                changes |= diffs
+                break
+    return ", ".join(f"{b} → {a}" for b, a in sorted(changes))

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from infragent.probes.redundancy import describe, extra_work
-from infragent.probes.work import WorkCount, work_of
+from infragent.probes.work import WorkCount, count_work, work_of
 from infragent.analysis.stats import Summary, bootstrap_median, min_detectable_effect
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.inputs import Case, InputsFactory, call, draw
@@ -60,6 +60,7 @@ class RooflineResult:
     loops: int  # calls per timing sample
     useful_flops: float | None = None
     reference_work: WorkCount | None = None
+    reference_ops: WorkCount | None = None  # the reference counted op by op (its formula has no per-op split)
     others_cores: float | None = None  # CPU, in cores, other processes used while fn was timed
 
     @property
@@ -107,7 +108,8 @@ def time_call(fn: Callable[..., Any], case: Case, budget_s: float = 1.0, min_sam
                 call(fn, case)
             samples.append((time.perf_counter() - start) / loops)
             spent = time.perf_counter() - began
-            if (len(samples) >= min_samples and spent >= budget_s) or spent >= 3 * budget_s:
+            next_ends = spent + samples[-1] * loops  # stop before a sample that would end past twice the budget
+            if (len(samples) >= min_samples and spent >= budget_s) or next_ends > 2 * budget_s:
                 break
     finally:
         if enabled:
@@ -169,6 +171,9 @@ def measure_roofline(fn: Callable[..., Any], factory: InputsFactory, reference: 
         reference_work = work_of(reference, clone_case(case)) if reference is not None else None
         if useful_flops is None and reference_work is not None:
             useful_flops = reference_work.flops
+        reference_ops = reference_work
+        if reference_work is not None and not reference_work.by_op and work.by_op:  # where the extra work is
+            reference_ops = count_work(reference, clone_case(case))
         watch = CpuWatch()
         summary, loops = time_call(fn, case, budget_s)
         others = watch.others_cores()
@@ -176,7 +181,8 @@ def measure_roofline(fn: Callable[..., Any], factory: InputsFactory, reference: 
         torch.set_num_threads(before)
     return RooflineResult(name=_name(fn), shapes=_describe(fn, case), work=work, time=summary, peaks=peaks,
                           classification=classify(work, summary.median, peaks), threads=threads, loops=loops,
-                          useful_flops=useful_flops, reference_work=reference_work, others_cores=others)
+                          useful_flops=useful_flops, reference_work=reference_work, others_cores=others,
+                          reference_ops=reference_ops)
 
 
 def _g(x: float) -> str:
@@ -208,8 +214,8 @@ def _finding(r: RooflineResult, noisy: bool, rel: float) -> str:
     if red is not None:
         text += (f"; {red:.1%} of FLOPs redundant ({_g(r.useful_flops)} useful of {_g(r.work.flops)})" if red > 0
                  else f"; no redundant FLOPs (useful {_g(r.useful_flops)} >= actual {_g(r.work.flops)})")
-        if red > 0 and r.reference_work is not None and r.reference_work.by_op and r.work.by_op:
-            where = describe(extra_work(r.work, r.reference_work), r.work.flops)
+        if red > 0 and r.reference_ops is not None and r.reference_ops.by_op and r.work.by_op:
+            where = describe(extra_work(r.work, r.reference_ops), r.work.flops)
             text += f" -- {where}" if where else ""
     if r.others_cores is not None and r.others_cores > CONTENDED_CORES:
         text += f" [contended: other processes used {r.others_cores:.1f} of {os.cpu_count()} cores while timing]"
@@ -272,7 +278,8 @@ def to_feedback(r: RooflineResult, max_rel_ci: float = 0.2) -> Feedback:
     }
     if r.reference_work is not None:
         details["reference_counts"] = asdict(r.reference_work)
-        rows = extra_work(r.work, r.reference_work) if r.reference_work.by_op and r.work.by_op else []
+        ops = r.reference_ops or r.reference_work
+        rows = extra_work(r.work, ops) if ops.by_op and r.work.by_op else []
         details["extra_work"] = [{**asdict(row), "repeat": row.repeat, "extra_flops": row.extra_flops} for row in rows]
         recomputed = [row for row in rows if row.kind == "recomputed"]
         if recomputed:

@@ -35,6 +35,8 @@ class WorkCount:
     parts: dict[str, float] = field(default_factory=dict)  # counted FLOPs by kind
     uncounted_ops: dict[str, int] = field(default_factory=dict)  # ops with no FLOP rule (counted as 0)
     by_op: dict[str, tuple[int, float]] = field(default_factory=dict)  # op name -> (calls, FLOPs); when counted
+    shapes: dict[str, list[list[list[int]]]] = field(default_factory=dict)  # op name -> its operands' shapes
+    # (the first MAX_SHAPES distinct ones): what tells a padded dimension apart
 
 
 # ---- formulas ---------------------------------------------------------------------------------------------
@@ -125,6 +127,9 @@ def _base_name(func: Any) -> str:
     return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
+MAX_SHAPES = 4
+
+
 class _OpCounter(TorchDispatchMode):
     """Counts what FlopCounterMode leaves out: pointwise and reduction FLOPs, in-place matmuls, ops and bytes."""
 
@@ -138,6 +143,7 @@ class _OpCounter(TorchDispatchMode):
         self.op_flops: Counter[str] = Counter()
         self.ops = 0
         self.op_bytes = 0
+        self.shapes: dict[str, list[list[list[int]]]] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -148,6 +154,10 @@ class _OpCounter(TorchDispatchMode):
         self.op_bytes += sum(_nbytes(t) for t in tensors_of((args, kwargs)) + tensors_of(out))
         name = _base_name(func)
         self.calls[name] += 1
+        seen = self.shapes.setdefault(name, [])
+        shape = [list(t.shape) for t in tensors_of(args)]
+        if len(seen) < MAX_SHAPES and shape not in seen:
+            seen.append(shape)
         packet = func._overloadpacket
         sibling = getattr(torch.ops.aten, name, None)
         if packet in self.registry:
@@ -220,7 +230,8 @@ def count_work(fn: Callable[..., Any], case: Case, timeline: list | None = None)
         ops.op_flops[str(packet).split(".")[-1]] += flops
     by_op = {name: (calls, float(ops.op_flops[name])) for name, calls in ops.calls.items()}
     return WorkCount(flops=sum(parts.values()), bytes=nbytes, source="counted", ops=ops.ops,
-                     op_bytes=float(ops.op_bytes), parts=parts, uncounted_ops=dict(ops.uncounted), by_op=by_op)
+                     op_bytes=float(ops.op_bytes), parts=parts, uncounted_ops=dict(ops.uncounted), by_op=by_op,
+                     shapes=ops.shapes)
 
 
 def work_of(fn: Callable[..., Any], case: Case) -> WorkCount:

@@ -1,0 +1,110 @@
+"""GIL shares of whole threads, for workloads with no spans: where each Python thread's time went, window by
+window over its life, from the child's samples (probes/gil_child.py).
+
+Per window of a thread's life (wall time):
+  on CPU      = schedstat on-CPU time
+  run queue   = schedstat run-queue wait (runnable, no free core: the machine, not the GIL)
+  blocked     = the share of the sampler's ticks at which the thread waited on something other than the GIL
+                (a lock, queue, join, sleep or I/O) x wall
+  GIL wait    = wall - on CPU - run queue - blocked (clamped at 0): off CPU, not runnable, not waiting on
+                anything else — waiting for the GIL
+The starvation share is a thread's GIL-wait share; its 95% t interval over the windows is what a verdict
+rests on, so one run near the threshold reads as inconclusive rather than flipping. Held time and the
+function a thread held the GIL in come from py-spy --gil samples (analysis/gil_shares.parse_speedscope).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.stats import t as student_t
+
+from infragent.analysis.gil_shares import BLOCKED, CPU, RUN_DELAY, HeldSamples, Series, per_thread_series
+from infragent.trace_model import Trace
+
+WINDOW_NS = 100_000_000  # about 100 ms per window, between MIN_WINDOWS and MAX_WINDOWS of them
+MIN_WINDOWS = 4
+MAX_WINDOWS = 20
+CONFIDENCE = 0.95
+PARTS = ("gil_wait", "run_queue", "blocked")  # the ways a thread spends time off CPU
+
+
+@dataclass
+class ThreadShares:
+    """One thread's life split into on-CPU, run-queue, blocked and GIL-wait time, with per-window shares."""
+
+    thread: str
+    tid: int
+    wall_ns: float
+    cpu_ns: float
+    run_queue_ns: float
+    blocked_ns: float
+    gil_wait_ns: float
+    held_ns: float | None  # py-spy; None without it
+    function: str | None  # where it held the GIL most often (py-spy)
+    windows: list[float] = field(default_factory=list)  # GIL-wait share per window
+
+    def share(self, part: str) -> float:
+        """part ('cpu', 'run_queue', 'blocked', 'gil_wait' or 'held') as a share of the thread's wall time."""
+        value = getattr(self, f"{part}_ns")
+        return float("nan") if value is None or not self.wall_ns else value / self.wall_ns
+
+    def interval(self) -> tuple[float, float]:
+        """95% t interval of the GIL-wait share over the windows."""
+        data = np.asarray(self.windows, dtype=float)
+        if data.size < 2:
+            return (0.0, 1.0)
+        half = float(student_t.ppf(0.5 + CONFIDENCE / 2, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
+        mean = self.share("gil_wait")
+        return (max(0.0, mean - half), min(1.0, mean + half))
+
+    def dominant(self) -> str:
+        """Which of PARTS takes most of the thread's off-CPU time."""
+        return max(PARTS, key=self.share)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data with the shares and the interval."""
+        lo, hi = self.interval()
+        return {**asdict(self), **{f"{p}_share": self.share(p) for p in ("cpu", "run_queue", "blocked", "gil_wait")},
+                "held_share": self.share("held") if self.held_ns is not None else None, "gil_wait_ci": [lo, hi]}
+
+
+def thread_shares(trace: Trace, held: dict[int, HeldSamples] | None, skip: set[str] = frozenset()) -> list[ThreadShares]:
+    """Every sampled thread (but those named in skip) over its life; most GIL wait first."""
+    cpu, delay, blocked = (per_thread_series(trace, p) for p in (CPU, RUN_DELAY, BLOCKED))
+    names = {int(k): v for k, v in trace.meta.get("thread_names", {}).items()}
+    tick = int(trace.meta.get("sample_interval_ns", 25_000_000))
+    rows = []
+    for tid, series in cpu.items():
+        name = names.get(tid) or trace.thread_name(tid)
+        start, end = series.ts[0], series.ts[-1]
+        if name in skip or end - start < 2 * tick or tid not in delay:
+            continue
+        count = int(min(MAX_WINDOWS, max(MIN_WINDOWS, (end - start) // WINDOW_NS)))
+        edges = np.linspace(start, end, count + 1)
+        parts = [_window(series, delay[tid], blocked.get(tid), int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+        wall, on, queue, stuck, wait = (sum(p[i] for p in parts) for i in range(5))
+        mine = held.get(tid) if held is not None else None
+        rows.append(ThreadShares(name, tid, wall, on, queue, stuck, wait,
+                                 None if held is None else float(mine.held_ns if mine else 0),
+                                 mine.top_function() if mine else None,
+                                 [p[4] / p[0] for p in parts if p[0] > 0]))
+    return sorted(rows, key=lambda r: -r.share("gil_wait"))
+
+
+def _window(cpu: Series, delay: Series, blocked: Series | None, start: int, end: int) -> tuple[float, ...]:
+    """(wall, on CPU, run queue, blocked, GIL wait) ns of one window."""
+    wall = float(end - start)
+    on, queue = cpu.delta(start, end), delay.delta(start, end)
+    stuck = wall * _mean_between(blocked, start, end) if blocked is not None else 0.0
+    off = max(0.0, wall - on - queue)
+    stuck = min(stuck, off)
+    return wall, on, queue, stuck, off - stuck
+
+
+def _mean_between(series: Series, start: int, end: int) -> float:
+    """Mean of the ticks in (start, end], or the value at the window's middle when no tick falls in it."""
+    values = [v for t, v in zip(series.ts, series.values) if start < t <= end]
+    return float(np.mean(values)) if values else series.at((start + end) // 2)

@@ -1,0 +1,92 @@
+"""The gil probe on uninstrumented code (no spans): the holder thread and its function from py-spy, the
+starved thread from its GIL-wait share over windows (run-queue wait and blocking taken out), judged on the
+interval of that share; the fixed variant reads "no starvation" every time."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infragent.analysis import gil_shares as gs
+from infragent.analysis.gil_threads import thread_shares
+from infragent.probes.gil import WAIT_THRESHOLD, find_pyspy, run_gil
+from infragent.probes.gil_child import SAMPLER_THREAD
+from infragent.probes.gil_threads import threads_feedback
+from infragent.trace_model import CounterEvent, Trace
+
+TESTS = Path(__file__).parent
+MS = 1_000_000
+HAVE_PYSPY = find_pyspy() is not None
+
+
+def _trace(threads: dict[int, tuple[str, float, float, float]], life_ms: int = 1000, wobble: float = 0.0) -> Trace:
+    """tid -> (name, on-CPU share, run-queue share, blocked share): counters every 10 ms; wobble alternates the
+    CPU share by that much from one 100 ms window to the next."""
+    trace = Trace(meta={"sample_interval_ns": 10 * MS, "thread_names": {str(t): v[0] for t, v in threads.items()}})
+    for tid, (_, cpu, queue, blocked) in threads.items():
+        done = 0.0
+        for t in range(0, life_ms + 1, 10):
+            share = cpu + (wobble if (t // 100) % 2 else -wobble)
+            trace.counters.append(CounterEvent(f"{gs.CPU}{tid}", t * MS, done, 99))
+            trace.counters.append(CounterEvent(f"{gs.RUN_DELAY}{tid}", t * MS, queue * t * MS, 99))
+            trace.counters.append(CounterEvent(f"{gs.BLOCKED}{tid}", t * MS, float((t // 10) % 10 < round(blocked * 10)), 99))
+            done += share * 10 * MS
+    trace.counters.sort(key=lambda c: c.ts_ns)
+    return trace
+
+
+def test_whole_threads_split_their_time_into_cpu_run_queue_blocked_and_gil_wait():
+    rows = {r.thread: r for r in thread_shares(_trace({1: ("compute", 0.2, 0.1, 0.0), 2: ("io", 0.1, 0.0, 0.8),
+                                                        3: ("busy", 0.5, 0.45, 0.0)}), None)}
+    assert rows["compute"].share("gil_wait") == pytest.approx(0.7, abs=0.03)
+    assert rows["io"].share("blocked") == pytest.approx(0.8, abs=0.05) and rows["io"].share("gil_wait") < 0.15
+    assert rows["busy"].share("run_queue") == pytest.approx(0.45, abs=0.02) and rows["busy"].share("gil_wait") < 0.1
+    assert rows["compute"].dominant() == "gil_wait" and rows["busy"].dominant() == "run_queue"
+
+
+def test_the_verdict_rests_on_the_interval_of_the_starvation_share():
+    held = {2: gs.HeldSamples(2, "packer", 450, 900 * MS, {"pack (cases.py:12)": 440, "run (cases.py:30)": 10})}
+    starved = threads_feedback("w:f", _trace({1: ("compute", 0.2, 0.0, 0.0), 2: ("packer", 0.95, 0.0, 0.0)}),
+                               held, WAIT_THRESHOLD, [], [], set())
+    assert starved.verdict == "fail" and starved.locality["thread"] == "compute"
+    assert starved.locality["holder"] == "packer" and starved.locality["holder_function"] == "pack (cases.py:12)"
+    assert "mostly in pack (cases.py:12)" in starved.finding
+    measure = starved.numbers["compute.gil_wait"]
+    assert measure.ci_low > WAIT_THRESHOLD * 100 and measure.n >= 4
+    near = threads_feedback("w:f", _trace({1: ("compute", 0.75, 0.0, 0.0)}, wobble=0.2), None, WAIT_THRESHOLD,
+                            [], [], set())
+    assert near.verdict == "inconclusive" and "near the 25% threshold" in near.finding  # mean 25%, wide interval
+    queued = threads_feedback("w:f", _trace({1: ("compute", 0.5, 0.45, 0.0)}), None, WAIT_THRESHOLD, [], [], set())
+    assert queued.verdict == "pass" and queued.locality["dominant"] == "run_queue"
+    assert "oversubscribed" in queued.next_probes[0]
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(TESTS)
+        mp.setenv("INFRAGENT_ARTIFACTS", str(tmp_path_factory.mktemp("gil-bare")))
+        yield run_gil
+
+
+@pytest.mark.skipif(not HAVE_PYSPY, reason="py-spy names the holder's function")
+def test_uninstrumented_packing_thread_is_named_holder_with_its_function_and_compute_starved(probe):
+    fb = probe("gil_cases:contended_bare")
+    assert fb.verdict == "fail", fb.render()
+    assert fb.locality["thread"] == "compute" and fb.locality["holder"] == "kv-transfer", fb.render()
+    assert fb.locality["holder_function"].startswith("_pack_block_python (gil_cases.py:"), fb.render()
+    assert SAMPLER_THREAD not in {r["thread"] for r in fb.details["threads"]}
+    main = next((r for r in fb.details["threads"] if r["thread"] == "MainThread"), None)
+    assert main is None or main["gil_wait_share"] < WAIT_THRESHOLD  # it only joins: blocked, not starved
+
+
+def test_uninstrumented_fixed_variant_shows_no_starvation_ten_times_out_of_ten(probe):
+    verdicts = [probe("gil_cases:released_bare") for _ in range(10)]
+    assert [fb.verdict for fb in verdicts] == ["pass"] * 10, [fb.finding for fb in verdicts]
+
+
+def test_uninstrumented_sleeping_thread_is_blocked_not_starved(probe):
+    fb = probe("gil_cases:sleepy_bare")
+    assert fb.verdict == "pass", fb.render()
+    poller = next(r for r in fb.details["threads"] if r["thread"] == "poller")
+    assert poller["blocked_share"] > 0.5 and poller["gil_wait_share"] < WAIT_THRESHOLD
