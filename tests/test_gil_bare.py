@@ -20,24 +20,30 @@ HAVE_PYSPY = find_pyspy() is not None
 
 
 def _trace(threads: dict[int, tuple[str, float, float, float]], life_ms: int = 1000, wobble: float = 0.0) -> Trace:
-    """tid -> (name, on-CPU share, run-queue share, blocked share): counters every 10 ms; wobble alternates the
-    CPU share by that much from one 100 ms window to the next."""
+    """tid -> (name, on-CPU share, run-queue share, share of its sleep samples on a futex): counters every
+    10 ms; wobble alternates the CPU share by that much from one 100 ms window to the next."""
     trace = Trace(meta={"sample_interval_ns": 10 * MS, "thread_names": {str(t): v[0] for t, v in threads.items()}})
-    for tid, (_, cpu, queue, blocked) in threads.items():
+    for tid, (_, cpu, queue, _) in threads.items():
         done = 0.0
         for t in range(0, life_ms + 1, 10):
             share = cpu + (wobble if (t // 100) % 2 else -wobble)
             trace.counters.append(CounterEvent(f"{gs.CPU}{tid}", t * MS, done, 99))
             trace.counters.append(CounterEvent(f"{gs.RUN_DELAY}{tid}", t * MS, queue * t * MS, 99))
-            trace.counters.append(CounterEvent(f"{gs.BLOCKED}{tid}", t * MS, float((t // 10) % 10 < round(blocked * 10)), 99))
+            trace.counters.append(CounterEvent(f"{gs.WAITING_FRAME}{tid}", t * MS, 0.0, 99))
             done += share * 10 * MS
     trace.counters.sort(key=lambda c: c.ts_ns)
     return trace
 
 
+def _states(threads: dict[int, tuple[str, float, float, float]], life_ms: int = 1000) -> list[tuple[int, int, str]]:
+    """The parent's samples every 5 ms: each thread asleep on a futex in its share of them, else on a timer."""
+    return [(t * MS, tid, "futex" if (t // 5) % 10 < round(gil * 10) else "sleep")
+            for tid, (_, _, _, gil) in threads.items() for t in range(1, life_ms, 5)]
+
+
 def test_whole_threads_split_their_time_into_cpu_run_queue_blocked_and_gil_wait():
-    rows = {r.thread: r for r in thread_shares(_trace({1: ("compute", 0.2, 0.1, 0.0), 2: ("io", 0.1, 0.0, 0.8),
-                                                        3: ("busy", 0.5, 0.45, 0.0)}), None)}
+    threads = {1: ("compute", 0.2, 0.1, 1.0), 2: ("io", 0.1, 0.0, 0.1), 3: ("busy", 0.5, 0.45, 0.0)}
+    rows = {r.thread: r for r in thread_shares(_trace(threads), None, _states(threads))}
     assert rows["compute"].share("gil_wait") == pytest.approx(0.7, abs=0.03)
     assert rows["io"].share("blocked") == pytest.approx(0.8, abs=0.05) and rows["io"].share("gil_wait") < 0.15
     assert rows["busy"].share("run_queue") == pytest.approx(0.45, abs=0.02) and rows["busy"].share("gil_wait") < 0.1
@@ -46,17 +52,18 @@ def test_whole_threads_split_their_time_into_cpu_run_queue_blocked_and_gil_wait(
 
 def test_the_verdict_rests_on_the_interval_of_the_starvation_share():
     held = {2: gs.HeldSamples(2, "packer", 450, 900 * MS, {"pack (cases.py:12)": 440, "run (cases.py:30)": 10})}
-    starved = threads_feedback("w:f", _trace({1: ("compute", 0.2, 0.0, 0.0), 2: ("packer", 0.95, 0.0, 0.0)}),
-                               held, WAIT_THRESHOLD, [], [], set())
+    pair = {1: ("compute", 0.2, 0.0, 1.0), 2: ("packer", 0.95, 0.0, 1.0)}
+    starved = threads_feedback("w:f", _trace(pair), held, _states(pair), WAIT_THRESHOLD, [], [], set())
     assert starved.verdict == "fail" and starved.locality["thread"] == "compute"
     assert starved.locality["holder"] == "packer" and starved.locality["holder_function"] == "pack (cases.py:12)"
     assert "mostly in pack (cases.py:12)" in starved.finding
     measure = starved.numbers["compute.gil_wait"]
     assert measure.ci_low > WAIT_THRESHOLD * 100 and measure.n >= 4
-    near = threads_feedback("w:f", _trace({1: ("compute", 0.75, 0.0, 0.0)}, wobble=0.2), None, WAIT_THRESHOLD,
-                            [], [], set())
+    one = {1: ("compute", 0.75, 0.0, 1.0)}
+    near = threads_feedback("w:f", _trace(one, wobble=0.2), None, _states(one), WAIT_THRESHOLD, [], [], set())
     assert near.verdict == "inconclusive" and "near the 25% threshold" in near.finding  # mean 25%, wide interval
-    queued = threads_feedback("w:f", _trace({1: ("compute", 0.5, 0.45, 0.0)}), None, WAIT_THRESHOLD, [], [], set())
+    busy = {1: ("compute", 0.5, 0.45, 0.0)}
+    queued = threads_feedback("w:f", _trace(busy), None, _states(busy), WAIT_THRESHOLD, [], [], set())
     assert queued.verdict == "pass" and queued.locality["dominant"] == "run_queue"
     assert "oversubscribed" in queued.next_probes[0]
 

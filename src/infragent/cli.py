@@ -110,6 +110,7 @@ def check(
     partition: Optional[str] = typer.Option(None, "--partition", help="e.g. column:4, row:4, heads:4:dim=1, splitk:4, batch:2."),
     trials: int = typer.Option(24, "--trials", help="Random input draws (fresh inputs each)."),
     inputs_style: str = typer.Option("trial", "--inputs-style", help=INPUTS_STYLE_HELP),
+    budget_s: float = typer.Option(60.0, "--budget-s", help="Most seconds; past it the check stops and says so."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -119,7 +120,7 @@ def check(
     cand, ref, factory = (_resolve(candidate, "candidate"), _resolve(reference, "--reference"),
                           _factory(inputs, inputs_style))
     try:
-        feedback = run_check(cand, ref, factory, partition=partition, trials=trials)
+        feedback = run_check(cand, ref, factory, partition=partition, trials=trials, budget_s=budget_s)
     except PartitionError as err:
         _fail(str(err))
         return
@@ -170,6 +171,7 @@ def record(
 @app.command()
 def gil(
     workload: str = typer.Argument(..., help="module:function that runs a multi-threaded workload."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="Most seconds the workload may run."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -177,7 +179,7 @@ def gil(
     from infragent.probes.gil import run_gil
 
     _resolve(workload, "workload")
-    _emit(run_gil(workload), as_json, verbose)
+    _emit(run_gil(workload, timeout_s=timeout_s), as_json, verbose)
 
 
 @app.command()
@@ -329,17 +331,13 @@ def loadgen(
 ) -> None:
     """Benchmark an OpenAI-compatible server end to end (vLLM bench serve metrics)."""
     from infragent.probes.load_datasets import DatasetError
-    from infragent.probes.loadgen import LoadConfig, run_loadgen
+    from infragent.probes.loadgen import LoadConfig, parse_goodput, run_loadgen
 
-    slos: dict[str, float] = {}
-    for item in (part for g in goodput for part in g.replace(",", " ").split()):
-        name, _, value = item.partition(":")
-        try:
-            if name not in ("ttft", "tpot", "e2el"):
-                raise ValueError
-            slos[name] = float(value)
-        except ValueError:
-            _fail(f"--goodput {item!r}: use ttft:MS, tpot:MS or e2el:MS")
+    try:
+        slos = parse_goodput(goodput)
+    except ValueError as err:
+        _fail(f"--{err}")
+        return
     config = LoadConfig(base_url=base_url, model=model, endpoint=endpoint, num_prompts=num_prompts,
                         max_concurrency=max_concurrency, request_rate=request_rate, burstiness=burstiness,
                         arrival=arrival, dataset_name=dataset_name, dataset_path=dataset_path,
@@ -566,9 +564,12 @@ def mcp(
     tracebacks: bool = typer.Option(False, "--tracebacks", help="Add the traceback to a failed call's answer."),
 ) -> None:
     """Serve the probes, analyses, ledger queries and criteria evaluation as MCP tools over stdio."""
+    import os
+
     from infragent.agent.mcp_server import build_server
 
-    build_server(root, tracebacks).run()
+    os.chdir(root)  # module:function names and the artifacts folder are the root's, wherever it was started
+    build_server(".", tracebacks).run()
 
 
 @app.command()

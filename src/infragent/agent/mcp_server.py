@@ -120,15 +120,16 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
               metric: Annotated[str, Field(description="'time': wall time per call; 'return': the callable returns "
                                                        "the work it did (e.g. a loop that runs for a fixed time) and "
                                                        "bench compares work per second", examples=["time", "return"])] = "time",
-              inputs_style: Style = "trial") -> str:
+              inputs_style: Style = "trial",
+              threads: Annotated[int, Field(description="torch threads, fixed during the run", examples=[2])] = 2) -> str:
         """Is it faster? Time fn (alone: its time and noise floor; with vs: A/B) in interleaved pairs, with a
         bootstrap CI of the ratio; flags a fixed-duration callable measured on the wrong metric."""
         from infragent.probes.bench import run_bench
 
         made = factory(inputs, inputs_style) if inputs else None
         b = resolve(vs, "vs") if vs else None
-        return compact_json(run_bench(resolve(fn, "function"), b, made, budget_s=budget_s, names=(fn, vs),
-                                      metric=metric))
+        return compact_json(run_bench(resolve(fn, "function"), b, made, budget_s=budget_s, threads=threads,
+                                      names=(fn, vs), metric=metric))
 
     @tool
     def record(workload: Annotated[str, Field(description="A function that runs the workload (no arguments); "
@@ -174,12 +175,14 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
                                                                    "(span name, glob, cat:NAME or thread:NAME)",
                                                        examples=["kv.transfer"])] = None,
                 overlap_b: Annotated[str | None, Field(description="See overlap_a", examples=["compute"])] = None,
-                top: Annotated[int, Field(description="Rows in the top-N lists", examples=[10])] = 10) -> str:
+                top: Annotated[int, Field(description="Rows in the top-N lists", examples=[10])] = 10,
+                metric: Annotated[str, Field(description="What the end-to-end time is called in the diff",
+                                             examples=["TTFT"])] = "wall") -> str:
         """Attribute a trace: breakdown, thread-aware overlap, idle gaps, critical path; with vs, the diff."""
         from infragent.probes.analyze import analyze as run_analyze
 
         pairs = [(overlap_a, overlap_b)] if overlap_a and overlap_b else []
-        return compact_json(run_analyze(inside(trace), inside(vs) if vs else None, pairs, top=top))
+        return compact_json(run_analyze(inside(trace), inside(vs) if vs else None, pairs, top=top, metric=metric))
 
     @tool
     def loadgen(base_url: Annotated[str, Field(description="An OpenAI-compatible server's root",
@@ -196,15 +199,37 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
                 model: Annotated[str | None, Field(description="Model name (default: the server's first)",
                                                    examples=["llama"])] = None,
                 repeats: Annotated[int, Field(description="Runs; medians with CIs across them", examples=[3])] = 1,
-                seed: Annotated[int, Field(description="Seed of the random prompts", examples=[0])] = 0) -> str:
+                seed: Annotated[int, Field(description="Seed of the random prompts", examples=[0])] = 0,
+                arrival: Annotated[str, Field(description="burst, constant, poisson or gamma",
+                                              examples=["poisson"])] = "gamma",
+                burstiness: Annotated[float, Field(description="Gamma shape: 1 = Poisson, <1 burstier",
+                                                   examples=[1.0])] = 1.0,
+                length_dist: Annotated[str, Field(description="fixed, uniform or lognormal",
+                                                  examples=["uniform"])] = "fixed",
+                random_range_ratio: Annotated[float, Field(description="Spread of the lengths around their mean",
+                                                           examples=[0.5])] = 0.0,
+                dataset_name: Annotated[str, Field(description="random, file or sharegpt",
+                                                   examples=["random"])] = "random",
+                dataset_path: Annotated[str | None, Field(description="The prompts file for file or sharegpt "
+                                                                      "(inside the root)",
+                                                          examples=["prompts.jsonl"])] = None,
+                goodput: Annotated[list[str] | None, Field(description="SLOs in ms for goodput",
+                                                           examples=[["ttft:500", "tpot:50"]])] = None,
+                warmup: Annotated[int, Field(description="Requests sent first and left out of the metrics",
+                                             examples=[2])] = 2,
+                api_key: Annotated[str | None, Field(description="Bearer key the server requires",
+                                                     examples=["sk-local"])] = None) -> str:
         """Serving metrics end to end against a server (vLLM bench serve's): TTFT, TPOT, ITL, E2E latency and
         throughput, with CIs across repeats."""
-        from infragent.probes.loadgen import LoadConfig, run_loadgen
+        from infragent.probes.loadgen import LoadConfig, parse_goodput, run_loadgen
 
         config = LoadConfig(base_url=base_url, model=model, endpoint=endpoint, num_prompts=num_prompts,
                             max_concurrency=max_concurrency, request_rate=request_rate or float("inf"),
                             random_input_len=random_input_len, random_output_len=random_output_len,
-                            repeats=repeats, seed=seed, progress=False)
+                            repeats=repeats, seed=seed, progress=False, arrival=arrival, burstiness=burstiness,
+                            length_dist=length_dist, random_range_ratio=random_range_ratio,
+                            dataset_name=dataset_name, dataset_path=str(inside(dataset_path)) if dataset_path else None,
+                            goodput_ms=parse_goodput(goodput or []), warmup=warmup, api_key=api_key)
         return compact_json(run_loadgen(config))
 
     @tool

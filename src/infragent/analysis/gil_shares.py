@@ -26,7 +26,7 @@ from infragent.trace_model import SpanEvent, Trace
 RUN_DELAY = "sched.run_delay_ns/"
 CPU = "sched.cpu_ns/"
 CONTENTION = "gil.contention"
-BLOCKED = "sched.blocked/"  # 1/0 per tick: the thread waited on something other than the GIL
+WAITING_FRAME = "sched.waiting_frame/"  # 1/0 per tick: the thread's frame was in a lock, queue or join
 WORKLOAD_FRAME = "_run_workload"  # the child's frame around the workload call on the main thread
 _NOT_USER = ("site-packages", "dist-packages", "<frozen", str(Path(__file__).resolve().parents[1]))  # ours too
 _STDLIB = sysconfig.get_paths()["stdlib"]

@@ -4,10 +4,12 @@ window over its life, from the child's samples (probes/gil_child.py).
 Per window of a thread's life (wall time):
   on CPU      = schedstat on-CPU time
   run queue   = schedstat run-queue wait (runnable, no free core: the machine, not the GIL)
-  blocked     = the share of the sampler's ticks at which the thread waited on something other than the GIL
-                (a lock, queue, join, sleep or I/O) x wall
-  GIL wait    = wall - on CPU - run queue - blocked (clamped at 0): off CPU, not runnable, not waiting on
-                anything else — waiting for the GIL
+  off CPU     = wall - on CPU - run queue: asleep, for the GIL or for anything else
+  GIL wait    = off CPU x the share of its sleep the thread spent on a futex outside a waiting frame: the
+                parent samples each thread's state from outside (probes/thread_states.py: futex or other
+                sleep, never biased by holding the GIL), the child's sampler says how often the thread's frame
+                was in a lock, condition, queue or join (a futex sleep that is not the GIL)
+  blocked     = off CPU - GIL wait: a timer, I/O, a lock, a queue, a join
 The starvation share is a thread's GIL-wait share; its 95% t interval over the windows is what a verdict
 rests on, so one run near the threshold reads as inconclusive rather than flipping. Held time and the
 function a thread held the GIL in come from py-spy --gil samples (analysis/gil_shares.parse_speedscope).
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import t as student_t
 
-from infragent.analysis.gil_shares import BLOCKED, CPU, RUN_DELAY, HeldSamples, Series, per_thread_series
+from infragent.analysis.gil_shares import CPU, RUN_DELAY, WAITING_FRAME, HeldSamples, Series, per_thread_series
 from infragent.trace_model import Trace
 
 WINDOW_NS = 100_000_000  # about 100 ms per window, between MIN_WINDOWS and MAX_WINDOWS of them
@@ -71,11 +73,16 @@ class ThreadShares:
                 "held_share": self.share("held") if self.held_ns is not None else None, "gil_wait_ci": [lo, hi]}
 
 
-def thread_shares(trace: Trace, held: dict[int, HeldSamples] | None, skip: set[str] = frozenset()) -> list[ThreadShares]:
-    """Every sampled thread (but those named in skip) over its life; most GIL wait first."""
-    cpu, delay, blocked = (per_thread_series(trace, p) for p in (CPU, RUN_DELAY, BLOCKED))
+def thread_shares(trace: Trace, held: dict[int, HeldSamples] | None, states: list[tuple[int, int, str]],
+                  skip: set[str] = frozenset()) -> list[ThreadShares]:
+    """Every sampled thread (but those named in skip) over its life; most GIL wait first. states: the
+    parent's (perf_counter_ns, tid, 'run' | 'futex' | 'sleep') samples."""
+    cpu, delay, framed = (per_thread_series(trace, p) for p in (CPU, RUN_DELAY, WAITING_FRAME))
     names = {int(k): v for k, v in trace.meta.get("thread_names", {}).items()}
     tick = int(trace.meta.get("sample_interval_ns", 25_000_000))
+    by_tid: dict[int, list[tuple[int, str]]] = {}
+    for ts, tid, kind in states:
+        by_tid.setdefault(tid, []).append((ts, kind))
     rows = []
     for tid, series in cpu.items():
         name = names.get(tid) or trace.thread_name(tid)
@@ -84,24 +91,32 @@ def thread_shares(trace: Trace, held: dict[int, HeldSamples] | None, skip: set[s
             continue
         count = int(min(MAX_WINDOWS, max(MIN_WINDOWS, (end - start) // WINDOW_NS)))
         edges = np.linspace(start, end, count + 1)
-        parts = [_window(series, delay[tid], blocked.get(tid), int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+        seen = by_tid.get(tid, [])
+        parts = [_window(series, delay[tid], framed.get(tid), seen, int(a), int(b))
+                 for a, b in zip(edges[:-1], edges[1:])]
         wall, on, queue, stuck, wait = (sum(p[i] for p in parts) for i in range(5))
         mine = held.get(tid) if held is not None else None
-        rows.append(ThreadShares(name, tid, wall, on, queue, stuck, wait,
-                                 None if held is None else float(mine.held_ns if mine else 0),
+        rows.append(ThreadShares(name, tid, wall, on, queue, stuck, wait,  # py-spy's weights can add past wall
+                                 None if held is None else min(wall, float(mine.held_ns if mine else 0)),
                                  mine.top_function() if mine else None,
                                  [p[4] / p[0] for p in parts if p[0] > 0]))
     return sorted(rows, key=lambda r: -r.share("gil_wait"))
 
 
-def _window(cpu: Series, delay: Series, blocked: Series | None, start: int, end: int) -> tuple[float, ...]:
+def _window(cpu: Series, delay: Series, framed: Series | None, seen: list[tuple[int, str]], start: int,
+            end: int) -> tuple[float, ...]:
     """(wall, on CPU, run queue, blocked, GIL wait) ns of one window."""
     wall = float(end - start)
     on, queue = cpu.delta(start, end), delay.delta(start, end)
-    stuck = wall * _mean_between(blocked, start, end) if blocked is not None else 0.0
     off = max(0.0, wall - on - queue)
-    stuck = min(stuck, off)
-    return wall, on, queue, stuck, off - stuck
+    futex = sum(1 for t, kind in seen if start < t <= end and kind == "futex")
+    sleep = sum(1 for t, kind in seen if start < t <= end and kind == "sleep")
+    if futex + sleep == 0:  # never seen asleep here: whatever off-CPU time there is, unattributed
+        return wall, on, queue, off, 0.0
+    in_locks = _mean_between(framed, start, end) if framed is not None else 0.0  # share of the window
+    gil = max(0.0, futex / (futex + sleep) - in_locks * wall / max(off, 1.0))  # futex sleep outside lock frames
+    wait = off * min(1.0, gil)
+    return wall, on, queue, off - wait, wait
 
 
 def _mean_between(series: Series, start: int, end: int) -> float:

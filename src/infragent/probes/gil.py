@@ -10,6 +10,10 @@ the cores (e.g. torch.set_num_threads(1) per worker thread); run-queue wait is m
 busy machine does not read as GIL contention, and a thread blocked while gilknocker found the GIL mostly
 free is reported as waiting on something else (inconclusive), not as starved. Held time comes from py-spy
 (see gil_shares for how it is spread over spans); without py-spy it is reported as n/a.
+
+A workload with no spans is judged over whole threads (probes/gil_threads.py): the parent samples each of the
+child's threads' scheduler state from outside (probes/thread_states.py) to split off-CPU time into GIL wait
+and blocking, and the verdict rests on the interval of the starved thread's GIL-wait share over windows.
 """
 from __future__ import annotations
 
@@ -31,8 +35,10 @@ from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Evidence, Feedback, Measure
 from infragent.probes.gil_child import SAMPLER_THREAD
 from infragent.probes.gil_threads import threads_feedback
+from infragent.probes.thread_states import ThreadStates
 from infragent.trace_model import Trace, TraceFormatError
 
+CHILD_MODULE = "infragent.probes.gil_child"
 WAIT_THRESHOLD = 0.25  # a thread blocked more than this share of its span time is starved
 FREE_GIL = 0.2  # gilknocker contention below this while a thread was blocked: it waited on something else
 
@@ -53,6 +59,7 @@ class GilRecording:
     pyspy_path: Path | None
     held: dict[int, HeldSamples] | None
     notes: list[str] = field(default_factory=list)
+    states: list[tuple[int, int, str]] = field(default_factory=list)  # the child's threads, sampled from here
 
 
 @dataclass
@@ -101,17 +108,18 @@ def _child_env(code: Path | None = None, extra: dict[str, str] | None = None) ->
     return env
 
 
-def _run(cmd: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, str]:
-    """Run cmd in its own process group (py-spy and its child); on timeout kill that group and re-raise."""
+def _run(cmd: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, str, list[tuple[int, int, str]]]:
+    """Run cmd in its own process group (py-spy and its child), its threads' states sampled from here; on
+    timeout kill that group and re-raise."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          start_new_session=True) as proc:
+                          start_new_session=True) as proc, ThreadStates(proc.pid, CHILD_MODULE) as states:
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise
-    return proc.returncode, output
+    return proc.returncode, output, states.samples
 
 
 def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 500,
@@ -120,7 +128,7 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
     """Run the workload in a child process (its code from `code` when given, with env added), under py-spy
     when asked and available; raise ChildFailed (with the child's traceback) when the workload fails."""
     trace_path, pyspy_path = out_dir / "trace.json", out_dir / "pyspy.speedscope.json"
-    child = [sys.executable, "-m", "infragent.probes.gil_child", workload, str(trace_path),
+    child = [sys.executable, "-m", CHILD_MODULE, workload, str(trace_path),
              "--interval-ms", str(interval_ms)]
     notes: list[str] = []
     exe = find_pyspy() if pyspy else None
@@ -131,8 +139,9 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
     runs = [[exe, "record", "--gil", "--nonblocking", "--format", "speedscope", "--rate", str(rate),
              "-o", str(pyspy_path), "--"] + child] if exe else []
     runs.append(child)
+    states: list[tuple[int, int, str]] = []
     for cmd in runs:
-        returncode, output = _run(cmd, timeout_s, _child_env(code, env))
+        returncode, output, states = _run(cmd, timeout_s, _child_env(code, env))
         error = Path(str(trace_path) + ".error")
         if error.exists():
             text = error.read_text()
@@ -153,7 +162,7 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
             notes.append(f"py-spy output unreadable ({err}): held shares are n/a")
     elif exe:
         notes.append("py-spy wrote no samples (ptrace not permitted?): held shares are n/a")
-    return GilRecording(trace_path, pyspy_path if held is not None else None, held, notes)
+    return GilRecording(trace_path, pyspy_path if held is not None else None, held, notes, states)
 
 
 def analyze(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
@@ -287,7 +296,8 @@ def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms
         evidence = [Evidence.of(rec.trace_path, "child trace: schedstat, blocked-state and gilknocker counters")]
         if rec.pyspy_path is not None:
             evidence.append(Evidence.of(rec.pyspy_path, "py-spy --gil samples (speedscope)"))
-        return threads_feedback(workload_name, trace, rec.held, threshold, rec.notes, evidence, {SAMPLER_THREAD})
+        return threads_feedback(workload_name, trace, rec.held, rec.states, threshold, rec.notes, evidence,
+                                {SAMPLER_THREAD})
     report = analyze(workload_name, trace, rec.held, threshold, rec.notes)
     shares = out_dir / "shares.json"
     shares.write_text(json.dumps({"threads": [r.to_dict() for r in report.threads],

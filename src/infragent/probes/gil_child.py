@@ -5,10 +5,9 @@
 Records spans with thread CPU time (Recorder(thread_cpu=True)) and, from a sampler thread, counters:
   sched.cpu_ns/<tid>, sched.run_delay_ns/<tid>   cumulative on-CPU and run-queue wait time of each Python
                                                  thread (/proc/self/task/<tid>/schedstat), every interval
-  sched.blocked/<tid>                            1 when the thread waits on something other than the GIL
-                                                 (a lock, queue, sleep or I/O: its Python frame is in a
-                                                 waiting stdlib module, or its kernel wait is not a futex),
-                                                 else 0, every interval
+  sched.waiting_frame/<tid>                      1 when the thread's innermost Python frame is in a waiting
+                                                 stdlib module (a lock, condition, queue, join or select:
+                                                 a futex sleep there is not the GIL), else 0, every interval
   gil.contention                                 gilknocker's contention metric over the last window
                                                  (reset after each read), every second interval
 The threads' names (native id -> name, every thread seen) go into the trace's meta, for threads that
@@ -28,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from infragent.analysis.gil_shares import BLOCKED, CONTENTION, CPU, RUN_DELAY
+from infragent.analysis.gil_shares import CONTENTION, CPU, RUN_DELAY, WAITING_FRAME
 from infragent.probes.callables import resolve
 from infragent.trace import Recorder, counter
 
@@ -36,18 +35,6 @@ SAMPLER_THREAD = "infragent-gil-sampler"
 WAITING_MODULES = ("threading.py", "queue.py", "selectors.py", "socket.py", "ssl.py", "subprocess.py",
                    "concurrent/futures/", "asyncio/", "multiprocessing/")  # in the standard library
 STDLIB = sysconfig.get_paths()["stdlib"].replace("\\", "/").rstrip("/") + "/"
-GIL_WAITS = ("futex",)  # a kernel wait on a futex: the GIL (or a lock taken from C; frames tell most apart)
-
-
-def wait_state(tid: int) -> tuple[str, str]:
-    """(scheduler state letter, kernel wait channel) of one thread of this process; ("", "") if unreadable."""
-    try:
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/self/task/{tid}/wchan") as f:
-            return state, f.read().strip()
-    except (OSError, IndexError):
-        return "", ""
 
 
 def _waiting_module(filename: str) -> bool:
@@ -56,16 +43,6 @@ def _waiting_module(filename: str) -> bool:
         return False
     rest = name[len(STDLIB):]
     return any(rest.startswith(m) if m.endswith("/") else rest == m for m in WAITING_MODULES)
-
-
-def blocked_elsewhere(frame: Any, tid: int) -> bool:
-    """Whether a thread waits on something other than the GIL: its innermost Python frame is in a waiting
-    stdlib module (a lock, condition, queue, join, select), or it sleeps in the kernel on something that is
-    not a futex (sleep, I/O)."""
-    if frame is not None and _waiting_module(frame.f_code.co_filename):
-        return True
-    state, wchan = wait_state(tid)
-    return state in ("S", "D") and wchan not in ("", "0") and not any(w in wchan for w in GIL_WAITS)
 
 
 def read_schedstat(tid: int) -> tuple[int, int] | None:
@@ -118,8 +95,9 @@ class Sampler:
             if stat is not None:
                 counter(f"{CPU}{thread.native_id}", stat[0])
                 counter(f"{RUN_DELAY}{thread.native_id}", stat[1])
-                counter(f"{BLOCKED}{thread.native_id}",
-                        float(blocked_elsewhere(frames.get(thread.ident), thread.native_id)))
+                frame = frames.get(thread.ident)
+                counter(f"{WAITING_FRAME}{thread.native_id}",
+                        float(frame is not None and _waiting_module(frame.f_code.co_filename)))
         if self.knocker is not None and tick % 2 == 1:
             counter(CONTENTION, self.knocker.contention_metric)
             self.knocker.reset_contention_metric()

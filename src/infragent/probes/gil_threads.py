@@ -14,11 +14,12 @@ from infragent.trace_model import Trace
 SHOWN_THREADS = 4  # threads with numbers in the reply (all of them are in the details)
 
 
-def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] | None, threshold: float,
-                     notes: list[str], evidence: list[Evidence], skip: set[str]) -> Feedback:
+def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
+                     states: list[tuple[int, int, str]], threshold: float, notes: list[str],
+                     evidence: list[Evidence], skip: set[str]) -> Feedback:
     """The verdict over whole threads: fail when a thread's GIL-wait interval lies above threshold, pass
     when every thread's lies below it, inconclusive when one straddles it."""
-    rows = thread_shares(trace, held, skip)
+    rows = thread_shares(trace, held, states, skip)
     details: dict[str, Any] = {"threads": [r.to_dict() for r in rows], "threshold": threshold, "notes": notes,
                                "attribution": "whole threads (no spans recorded)"}
     if not rows:

@@ -245,3 +245,17 @@ def to_feedback(config: LoadConfig, model: str, runs: list[LoadRun]) -> Feedback
                     next_probes=["infragent record on the server while loadgen runs (where the time goes)"],
                     details={"runs": [{k: v for k, v in run.items() if k != "records"} for run in result["runs"]],
                              "raw": result["runs"][-1]["records"]})
+
+
+def parse_goodput(items: list[str]) -> dict[str, float]:
+    """SLOs from 'ttft:500 tpot:50' style items (ms; commas or spaces between them)."""
+    slos: dict[str, float] = {}
+    for item in (part for group in items for part in group.replace(",", " ").split()):
+        name, _, value = item.partition(":")
+        try:
+            if name not in ("ttft", "tpot", "e2el"):
+                raise ValueError
+            slos[name] = float(value)
+        except ValueError:
+            raise ValueError(f"goodput {item!r}: use ttft:MS, tpot:MS or e2el:MS") from None
+    return slos
