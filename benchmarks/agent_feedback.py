@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--gil-runs", type=int, default=10)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    out = Path(args.json).resolve() if args.json else None  # gil() runs from tests/
     results = {"budget": budget(), "metric": metric(), "gil": gil(args.gil_runs)}
     b = results["budget"]
     print(f"bench budget_s=2, two 1-s callables: {b['wall_s']} s, {b['verdict']}; reply {b['reply_bytes']} B")
@@ -86,8 +87,8 @@ def main() -> None:
             ci = row["ci"] or [float("nan")] * 2
             print(f"    {row['verdict']:12s} {row['thread']}: GIL wait {row['gil_wait']:.0%} [{ci[0]:.0%}, {ci[1]:.0%}]"
                   f"; holder {row['holder']} in {row['function']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    if out is not None:
+        out.write_text(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":
