@@ -50,7 +50,7 @@ def render_compact(feedback: Feedback) -> str:
     """The compact view as text for a terminal."""
     reply = compact(feedback)
     lines = [f"[{reply['probe']}] {reply['verdict'].upper()}: {reply['finding']}"]
-    lines += [f"  {name}: {Measure(**number).text()}" for name, number in reply["numbers"].items()]
+    lines += [f"  {name}: {Measure(**{'value': None, **number}).text()}" for name, number in reply["numbers"].items()]
     if reply["locality"]:
         lines.append("  where: " + ", ".join(f"{k}={v}" for k, v in reply["locality"].items()))
     lines += [f"  evidence: {path}" for path in reply["evidence"]]
