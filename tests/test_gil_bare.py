@@ -3,18 +3,17 @@ starved thread from its GIL-wait share over windows (run-queue wait and blocking
 interval of that share; the fixed variant reads "no starvation" every time."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from infragent.analysis import gil_shares as gs
 from infragent.analysis.gil_threads import thread_shares
-from infragent.probes.gil import WAIT_THRESHOLD, find_pyspy, run_gil
+from infragent.probes.gil import WAIT_THRESHOLD, find_pyspy
 from infragent.probes.gil_child import SAMPLER_THREAD
 from infragent.probes.gil_threads import threads_feedback
 from infragent.trace_model import CounterEvent, Trace
+from test_gil import probe  # noqa: F401 (the module-scoped fixture: run_gil from tests/)
 
-TESTS = Path(__file__).parent
 MS = 1_000_000
 HAVE_PYSPY = find_pyspy() is not None
 
@@ -66,14 +65,6 @@ def test_the_verdict_rests_on_the_interval_of_the_starvation_share():
     queued = threads_feedback("w:f", _trace(busy), None, _states(busy), WAIT_THRESHOLD, [], [], set())
     assert queued.verdict == "pass" and queued.locality["dominant"] == "run_queue"
     assert "oversubscribed" in queued.next_probes[0]
-
-
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(TESTS)
-        mp.setenv("INFRAGENT_ARTIFACTS", str(tmp_path_factory.mktemp("gil-bare")))
-        yield run_gil
 
 
 @pytest.mark.skipif(not HAVE_PYSPY, reason="py-spy names the holder's function")

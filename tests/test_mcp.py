@@ -139,7 +139,7 @@ def test_every_tool_answers_compactly_and_every_error_with_a_fix(tmp_path):
     assert "values wrong, missing" in zeroed["finding"] and "typical of" not in zeroed["finding"]
     assert json.loads(out["good"][1][2])["verdict"] == "pass"  # a seed-style factory, adapted
     bench = json.loads(replies["bench"])
-    assert 5 < bench["numbers"]["work_rate_ratio"]["value"] < 20  # the verdict itself: test_agent_feedback.py
+    assert bench["numbers"]["work_rate_ratio"]["value"] > 1  # the figure: benchmarks/agent_feedback.py
     if find_pyspy() is not None:
         gil = json.loads(replies["gil"])
         assert gil["verdict"] != "pass" and gil["locality"]["holder"] == "kv-transfer", gil  # 10/10: test_gil_bare
