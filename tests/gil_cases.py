@@ -35,9 +35,9 @@ def _spans(on: bool) -> Callable[..., Any]:
     return span if on else (lambda name, **args: contextlib.nullcontext())
 
 
-def _transfer_python(stop: threading.Event, spans: bool = True) -> None:
+def _transfer_python(stop: threading.Event, spans: bool = True, seconds: float = TRANSFER_S) -> None:
     blocks = [[float(j % 13) for j in range(BLOCK_ITEMS)] for _ in range(BLOCKS_PER_BATCH)]
-    deadline = time.perf_counter() + TRANSFER_S
+    deadline = time.perf_counter() + seconds
     batch, region = 0, _spans(spans)
     while time.perf_counter() < deadline:
         with region("transfer", batch=batch):
@@ -93,6 +93,11 @@ def released() -> None:
 def contended_bare() -> None:
     """contended, uninstrumented: no spans anywhere."""
     _run(_transfer_python, spans=False)
+
+
+def contended_endless_bare() -> None:
+    """contended_bare for ten minutes: longer than any budget a test gives the probe."""
+    _run(lambda stop, spans: _transfer_python(stop, spans, seconds=600.0), spans=False)
 
 
 def released_bare() -> None:

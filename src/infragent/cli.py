@@ -159,19 +159,23 @@ def bench(
 def record(
     workload: str = typer.Argument(..., help="module:function to run while recording spans."),
     output: str = typer.Option("trace.json", "-o", "--output", help="Chrome trace JSON (opens in Perfetto)."),
+    budget_s: float = typer.Option(120.0, "--budget-s", help="Most seconds; past it the workload is stopped and "
+                                                              "the spans so far are the (inconclusive) answer."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
     """Run a workload with the span recorder on and write a Chrome trace."""
     from infragent.probes.record import run_record
 
-    _emit(run_record(_resolve(workload, "workload"), output), as_json, verbose)
+    _emit(run_record(_resolve(workload, "workload"), output, budget_s=budget_s), as_json, verbose)
 
 
 @app.command()
 def gil(
     workload: str = typer.Argument(..., help="module:function that runs a multi-threaded workload."),
-    timeout_s: float = typer.Option(120.0, "--timeout-s", help="Most seconds the workload may run."),
+    timeout_s: float = typer.Option(120.0, "--budget-s", "--timeout-s",
+                                    help="Most seconds; past it the workload is interrupted and the samples so far "
+                                         "are the (inconclusive) answer."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -188,6 +192,7 @@ def roofline(
     inputs: str = typer.Option(..., "--inputs", help="module:function (trial, generator) -> arguments."),
     reference: Optional[str] = typer.Option(None, "--reference", help="module:function doing only the useful work."),
     inputs_style: str = typer.Option("trial", "--inputs-style", help=INPUTS_STYLE_HELP),
+    budget_s: float = typer.Option(1.0, "--budget-s", help="Seconds of timing per callable (stops before 2x)."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -195,7 +200,8 @@ def roofline(
     from infragent.probes.roofline import run_roofline
 
     ref = _resolve(reference, "--reference") if reference else None
-    _emit(run_roofline(_resolve(fn, "function"), _factory(inputs, inputs_style), reference=ref), as_json, verbose)
+    _emit(run_roofline(_resolve(fn, "function"), _factory(inputs, inputs_style), reference=ref, budget_s=budget_s),
+          as_json, verbose)
 
 
 @app.command()
@@ -229,6 +235,8 @@ def quality(
     windows: int = typer.Option(32, "--windows", help="Held-out text windows for perplexity and KL."),
     window: int = typer.Option(256, "--window", help="Tokens per window."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts for greedy agreement."),
+    budget_s: float = typer.Option(600.0, "--budget-s", help="Most seconds, loading included; past it no further "
+                                                              "batch is scored and the answer is inconclusive."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
     *,
@@ -240,7 +248,8 @@ def quality(
     from infragent.probes.quality import QualityPlan, quality_of
 
     try:
-        feedback = quality_of(model, knobs, QualityPlan(windows=windows, window=window, prompts=prompts))
+        feedback = quality_of(model, knobs, QualityPlan(windows=windows, window=window, prompts=prompts),
+                              budget_s=budget_s)
     except (ConfigError, CorpusError, FileNotFoundError) as err:
         _fail(str(err))
         return
@@ -326,6 +335,8 @@ def loadgen(
     repeats: int = typer.Option(1, "--repeats", help="Run N times; report medians with CIs across runs."),
     seed: int = typer.Option(0, "--seed"),
     api_key: Optional[str] = typer.Option(None, "--api-key"),
+    budget_s: float = typer.Option(600.0, "--budget-s", help="Most seconds for all repeats; past it nothing more "
+                                                              "is sent and the finished requests are the answer."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -344,7 +355,7 @@ def loadgen(
                         random_input_len=random_input_len, random_output_len=random_output_len,
                         length_dist=length_dist, random_range_ratio=random_range_ratio, vocab_size=vocab_size,
                         goodput_ms=slos, warmup=warmup, repeats=repeats, seed=seed, api_key=api_key,
-                        progress=not as_json)
+                        progress=not as_json, budget_s=budget_s)
     try:
         feedback = run_loadgen(config)
     except (DatasetError, ValueError, ConnectionError) as err:

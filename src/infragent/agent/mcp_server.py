@@ -135,36 +135,40 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
     def record(workload: Annotated[str, Field(description="A function that runs the workload (no arguments); "
                                                           + CALLABLE, examples=["serve_demo.py:run"])],
                output: Annotated[str, Field(description="Where to write the Chrome trace (inside the root)",
-                                            examples=["trace.json"])] = "trace.json") -> str:
+                                            examples=["trace.json"])] = "trace.json",
+               budget_s: Annotated[float, Field(description=BUDGET, examples=[120])] = 120.0) -> str:
         """Where does the time go? Run a workload with the span recorder on, write a Chrome trace (Perfetto) and
         attribute it (top spans, threads)."""
         from infragent.probes.record import run_record
 
-        return compact_json(run_record(resolve(workload, "workload"), inside(output)))
+        return compact_json(run_record(resolve(workload, "workload"), inside(output), budget_s=budget_s))
 
     @tool
     def gil(workload: Annotated[str, Field(description="A function that runs a multi-threaded workload (no "
                                                        "arguments); " + CALLABLE, examples=["pipeline.py:run"])],
-            timeout_s: Annotated[float, Field(description="Most seconds the workload may run", examples=[120])] = 120.0) -> str:
+            budget_s: Annotated[float, Field(description=BUDGET, examples=[120])] = 120.0) -> str:
         """Who holds the GIL and who waits? Runs the workload in a child under py-spy: per thread (and span, when
         there are spans) held, waited and run-queue time, the starved thread and the holder."""
         from infragent.probes.gil import run_gil
 
         resolve(workload, "workload")  # a bad name fails here, with the fix, not in the child
-        return compact_json(run_gil(named(workload), timeout_s=timeout_s))
+        return compact_json(run_gil(named(workload), timeout_s=budget_s))
 
     @tool
     def roofline(fn: Fn, inputs: Inputs,
                  reference: Annotated[str | None, Field(description="A callable doing only the useful work (e.g. "
                                                                      "without padding): names the redundant work; "
                                                                      + CALLABLE, examples=["kernels.py:kda_step"])] = None,
-                 inputs_style: Style = "trial") -> str:
+                 inputs_style: Style = "trial",
+                 budget_s: Annotated[float, Field(description="Seconds of timing per callable (it stops before "
+                                                              "twice this)", examples=[1.0])] = 1.0) -> str:
         """What bounds it? FLOPs and bytes against the machine's measured peaks: compute-, memory- or
         overhead-bound; with a reference, the share of the work that is redundant."""
         from infragent.probes.roofline import run_roofline
 
         ref = resolve(reference, "reference") if reference else None
-        return compact_json(run_roofline(resolve(fn, "function"), factory(inputs, inputs_style), reference=ref))
+        return compact_json(run_roofline(resolve(fn, "function"), factory(inputs, inputs_style), reference=ref,
+                                         budget_s=budget_s))
 
     @tool
     def analyze(trace: Annotated[str, Field(description="A trace file: infragent's, Chrome JSON or Kineto (.json "
@@ -218,7 +222,8 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
                 warmup: Annotated[int, Field(description="Requests sent first and left out of the metrics",
                                              examples=[2])] = 2,
                 api_key: Annotated[str | None, Field(description="Bearer key the server requires",
-                                                     examples=["sk-local"])] = None) -> str:
+                                                     examples=["sk-local"])] = None,
+                budget_s: Annotated[float, Field(description=BUDGET + " (all repeats)", examples=[600])] = 600.0) -> str:
         """Serving metrics end to end against a server (vLLM bench serve's): TTFT, TPOT, ITL, E2E latency and
         throughput, with CIs across repeats."""
         from infragent.probes.loadgen import LoadConfig, parse_goodput, run_loadgen
@@ -229,7 +234,8 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
                             repeats=repeats, seed=seed, progress=False, arrival=arrival, burstiness=burstiness,
                             length_dist=length_dist, random_range_ratio=random_range_ratio,
                             dataset_name=dataset_name, dataset_path=str(inside(dataset_path)) if dataset_path else None,
-                            goodput_ms=parse_goodput(goodput or []), warmup=warmup, api_key=api_key)
+                            goodput_ms=parse_goodput(goodput or []), warmup=warmup, api_key=api_key,
+                            budget_s=budget_s)
         return compact_json(run_loadgen(config))
 
     @tool
@@ -239,13 +245,16 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
                 kv_cache_dtype: Annotated[str | None, Field(description="KV-cache dtype", examples=["int8"])] = None,
                 windows: Annotated[int, Field(description="Held-out text windows", examples=[8])] = 8,
                 window: Annotated[int, Field(description="Tokens per window", examples=[128])] = 128,
-                prompts: Annotated[int, Field(description="Prompts for greedy agreement", examples=[16])] = 16) -> str:
+                prompts: Annotated[int, Field(description="Prompts for greedy agreement", examples=[16])] = 16,
+                budget_s: Annotated[float, Field(description=BUDGET + " (model loading included)",
+                                                 examples=[600])] = 600.0) -> str:
         """The quality gates of a quantized configuration against fp32: perplexity, KL divergence, greedy
         agreement, each with a CI."""
         from infragent.probes.quality import QualityPlan, quality_of
 
         knobs = {k: v for k, v in (("quantization", quantization), ("kv_cache_dtype", kv_cache_dtype)) if v}
-        return compact_json(quality_of(model, knobs, QualityPlan(windows=windows, window=window, prompts=prompts)))
+        return compact_json(quality_of(model, knobs, QualityPlan(windows=windows, window=window, prompts=prompts),
+                                       budget_s=budget_s))
 
     @tool
     def validate_spec(spec: Annotated[str, Field(description="A spec TOML (inside the root)",

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+
 from infragent.trace_model import SpanEvent, Trace
 
 RUN_DELAY = "sched.run_delay_ns/"
@@ -257,6 +259,22 @@ def thread_rows(trace: Trace, held: dict[int, HeldSamples] | None = None) -> lis
     rows = [_row(trace, tid, "+".join(sorted({s.name for s in spans})), spans, run_delay, activity, held)
             for tid, spans in groups.items()]
     return sorted(rows, key=lambda r: -r.waited_share)
+
+
+def waited_windows(trace: Trace, tid: int, most: int = 20) -> list[float]:
+    """The thread's waited share (wall - CPU - run queue over wall) in up to `most` consecutive groups of its
+    top-level spans, about equally many spans each: the samples of an interval for its waited share."""
+    spans = sorted((s for s in top_level(_timed_spans(trace)) if s.tid == tid), key=lambda s: s.start_ns)
+    series = per_thread_series(trace, RUN_DELAY).get(tid)
+    shares = []
+    for group in np.array_split(np.arange(len(spans)), min(most, len(spans))) if spans else []:
+        chosen = [spans[i] for i in group]
+        wall = sum(s.dur_ns for s in chosen)
+        queue = sum(series.delta(s.start_ns, s.end_ns) for s in chosen) if series else 0.0
+        waited = wall - sum(s.cpu_ns or 0 for s in chosen) - queue
+        if wall > 0:
+            shares.append(min(max(waited / wall, 0.0), 1.0))
+    return shares
 
 
 def starving_thread(rows: list[ShareRow], threshold: float) -> ShareRow | None:

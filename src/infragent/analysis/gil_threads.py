@@ -16,14 +16,13 @@ function a thread held the GIL in come from py-spy --gil samples (analysis/gil_s
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from infragent.analysis.gil_shares import CPU, RUN_DELAY, WAITING_FRAME, HeldSamples, Series, per_thread_series
+from infragent.analysis.stats import t_interval
 from infragent.trace_model import Trace
 
 WINDOW_NS = 100_000_000  # about 100 ms per window, between MIN_WINDOWS and MAX_WINDOWS of them
@@ -55,12 +54,8 @@ class ThreadShares:
 
     def interval(self) -> tuple[float, float]:
         """95% t interval of the GIL-wait share over the windows."""
-        data = np.asarray(self.windows, dtype=float)
-        if data.size < 2:
-            return (0.0, 1.0)
-        half = float(student_t.ppf(0.5 + CONFIDENCE / 2, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
-        mean = self.share("gil_wait")
-        return (max(0.0, mean - half), min(1.0, mean + half))
+        found = t_interval(self.windows, self.share("gil_wait"), CONFIDENCE)
+        return (0.0, 1.0) if found is None else (max(0.0, found[0]), min(1.0, found[1]))
 
     def dominant(self) -> str:
         """Which of PARTS takes most of the thread's off-CPU time."""

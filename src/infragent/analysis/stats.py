@@ -36,6 +36,20 @@ def bootstrap_median(samples: list[float], confidence: float = 0.95, resamples: 
     return Summary(float(np.median(data)), float(lo), float(hi), int(data.size))
 
 
+def t_interval(samples: list[float], center: float | None = None,
+               confidence: float = 0.95) -> tuple[float, float] | None:
+    """Two-sided Student t interval of the samples' mean (placed around center when given, e.g. a
+    time-weighted share whose windows are the samples); None under two samples."""
+    from scipy.stats import t as student_t
+
+    data = np.asarray(samples, dtype=float)
+    if data.size < 2:
+        return None
+    mid = float(data.mean()) if center is None else center
+    half = float(student_t.ppf(0.5 + confidence / 2, data.size - 1) * data.std(ddof=1) / np.sqrt(data.size))
+    return mid - half, mid + half
+
+
 def bootstrap_mean(samples: list[float], confidence: float = 0.95, resamples: int = 10_000,
                    seed: int = 0) -> Summary:
     """Mean of samples (in Summary.median's place) and a percentile-bootstrap CI of the mean."""

@@ -30,8 +30,10 @@ from typing import Any
 
 import infragent
 from infragent.analysis.gil_shares import (CONTENTION, HeldSamples, ShareRow, parse_speedscope, span_records,
-                                           span_rows, starving_thread, thread_rows)
+                                           span_rows, starving_thread, thread_rows, waited_windows)
+from infragent.analysis.stats import t_interval
 from infragent.probes.artifacts import artifact_dir
+from infragent.probes.budget import over_budget
 from infragent.probes.feedback import Evidence, Feedback, Measure
 from infragent.probes.gil_child import SAMPLER_THREAD
 from infragent.probes.gil_threads import threads_feedback
@@ -40,6 +42,7 @@ from infragent.trace_model import Trace, TraceFormatError
 
 CHILD_MODULE = "infragent.probes.gil_child"
 WAIT_THRESHOLD = 0.25  # a thread blocked more than this share of its span time is starved
+STOP_GRACE_S = 10.0  # after the interrupt at the budget, the child's time to write what it has
 FREE_GIL = 0.2  # gilknocker contention below this while a thread was blocked: it waited on something else
 
 
@@ -61,7 +64,6 @@ class GilRecording:
     notes: list[str] = field(default_factory=list)
     states: list[tuple[int, int, str]] = field(default_factory=list)  # the child's threads, sampled from here
 
-
 @dataclass
 class GilReport:
     """The joined result: per-thread and per-(thread, span) shares, the starving thread and the GIL holder."""
@@ -77,6 +79,12 @@ class GilReport:
     notes: list[str]
     gil_was_free: bool = False  # the blocked thread waited while the GIL was mostly free: not a GIL problem
     holder_function: str | None = None  # where the holder held the GIL most often (py-spy)
+    waited_ci: tuple[float, float] | None = None  # 95% interval of the most-waiting thread's share (None: 1 span)
+
+    @property
+    def near_threshold(self) -> bool:
+        """No thread is starved beyond doubt, but the most-waiting one's interval reaches the threshold."""
+        return self.starving is None and self.waited_ci is not None and self.waited_ci[1] >= self.threshold
 
     def worst_span(self, row: ShareRow) -> ShareRow:
         """The span name on row's thread with the most waited time."""
@@ -109,16 +117,21 @@ def _child_env(code: Path | None = None, extra: dict[str, str] | None = None) ->
 
 
 def _run(cmd: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, str, list[tuple[int, int, str]]]:
-    """Run cmd in its own process group (py-spy and its child), its threads' states sampled from here; on
-    timeout kill that group and re-raise."""
+    """Run cmd in its own process group (py-spy and its child), its threads' states sampled from here. At
+    timeout_s interrupt the workload's process (it writes what it has; py-spy, seeing it end, its samples);
+    kill the group and re-raise if it has not ended STOP_GRACE_S later."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           start_new_session=True) as proc, ThreadStates(proc.pid, CHILD_MODULE) as states:
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
+            os.kill(states.child() or proc.pid, signal.SIGINT)  # the workload's process: py-spy then ends too
+            try:
+                output, _ = proc.communicate(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise
     return proc.returncode, output, states.samples
 
 
@@ -140,8 +153,9 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
              "-o", str(pyspy_path), "--"] + child] if exe else []
     runs.append(child)
     states: list[tuple[int, int, str]] = []
+    end = time.monotonic() + timeout_s  # one budget for both tries
     for cmd in runs:
-        returncode, output, states = _run(cmd, timeout_s, _child_env(code, env))
+        returncode, output, states = _run(cmd, end - time.monotonic(), _child_env(code, env))
         error = Path(str(trace_path) + ".error")
         if error.exists():
             text = error.read_text()
@@ -149,6 +163,8 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
             raise ChildFailed(f"workload {workload} failed in the child process: {last}", text)
         if trace_path.exists():
             break
+        if Path(str(trace_path) + ".stopped").exists() or time.monotonic() >= end:  # no time for another try
+            raise subprocess.TimeoutExpired(cmd, timeout_s)
         tail = output.strip().splitlines()[-3:]
         notes.append(f"{Path(cmd[0]).name} exited {returncode} without a trace: {' | '.join(tail)}")
     if not trace_path.exists():
@@ -170,7 +186,13 @@ def analyze(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
     """Join the recording into a GilReport (pure: no processes, no files)."""
     threads = [r for r in thread_rows(trace, held) if r.thread != SAMPLER_THREAD]
     spans = [r for r in span_rows(trace, held) if r.thread != SAMPLER_THREAD]
-    starving = starving_thread(threads, threshold)
+    worst = max(threads, key=lambda r: r.waited_share, default=None)
+    interval = t_interval(waited_windows(trace, worst.tid), worst.waited_share) if worst is not None else None
+    if interval is not None:
+        interval = (max(0.0, interval[0]), min(1.0, interval[1]))
+        starving = worst if interval[0] > threshold else None  # judged on the interval, not one estimate
+    else:
+        starving = starving_thread(threads, threshold)
     others = [r for r in threads if starving is None or r.tid != starving.tid] or threads
     if held is not None:
         holder = max(others, key=lambda r: r.held_share or 0.0, default=None)
@@ -186,11 +208,15 @@ def analyze(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
     free = starving is not None and starving.contention is not None and starving.contention < FREE_GIL
     function = held[holder.tid].top_function() if held and holder is not None and holder.tid in held else None
     return GilReport(workload, threads, spans, starving, holder, contention, threshold, held is not None, notes,
-                     gil_was_free=free, holder_function=function)
+                     gil_was_free=free, holder_function=function, waited_ci=interval)
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0%}"
+
+
+def _ci(report: GilReport) -> str:
+    return "" if report.waited_ci is None else f" (thread's 95% interval {_pct(report.waited_ci[0])}–{_pct(report.waited_ci[1])})"
 
 
 def finding(report: GilReport) -> str:
@@ -204,11 +230,16 @@ def finding(report: GilReport) -> str:
     if report.starving is not None:
         worst = report.worst_span(report.starving)
         text = (f"thread {worst.thread} is starved of the GIL: waited {_pct(worst.waited_share)} of "
-                f"{worst.span} spans (on CPU {_pct(worst.on_cpu_share)})")
+                f"{worst.span} spans{_ci(report)} (on CPU {_pct(worst.on_cpu_share)})")
+    elif report.near_threshold:
+        top = max(report.threads, key=lambda r: r.waited_share)
+        text = (f"inconclusive: thread {top.thread}'s waited share is near the {_pct(report.threshold)} threshold: "
+                f"{_pct(top.waited_share)} of its span time, 95% interval {_pct(report.waited_ci[0])}–"
+                f"{_pct(report.waited_ci[1])}")
     else:
         top = max(report.threads, key=lambda r: r.waited_share)
         text = (f"no GIL starvation: no thread waits more than {_pct(report.threshold)} of its span time "
-                f"(most: {top.thread} {_pct(top.waited_share)} of {report.worst_span(top).span} spans)")
+                f"(most: {top.thread} {_pct(top.waited_share)} of {report.worst_span(top).span} spans{_ci(report)})")
     if holder is not None:
         busy = report.busiest_span(holder)
         if report.pyspy:
@@ -236,9 +267,12 @@ def to_feedback(report: GilReport, evidence: list[Evidence]) -> Feedback:
     """The report as the probe's Feedback (verdict, numbers, locality, next probes)."""
     nan = float("nan")
     numbers: dict[str, Measure] = {}
+    worst = max(report.threads, key=lambda r: r.waited_share, default=None)  # the thread waited_ci is of
     for r in report.threads:
         numbers[f"{r.thread}.held"] = Measure(nan if r.held_share is None else 100 * r.held_share, "%", n=r.spans)
-        numbers[f"{r.thread}.waited"] = Measure(100 * r.waited_share, "%", n=r.spans)
+        waited = numbers[f"{r.thread}.waited"] = Measure(100 * r.waited_share, "%", n=r.spans)
+        if report.waited_ci is not None and r is worst:
+            waited.ci_low, waited.ci_high = (100 * x for x in report.waited_ci)
         numbers[f"{r.thread}.on_cpu"] = Measure(100 * r.on_cpu_share, "%", n=r.spans)
     if report.contention is not None:
         numbers["gil_contention"] = Measure(report.contention, "(gilknocker, 0-1)")
@@ -271,6 +305,10 @@ def to_feedback(report: GilReport, evidence: list[Evidence]) -> Feedback:
                        "or into one batched call per step",
                        f"rerun infragent gil {report.workload} to confirm {worst.thread} stops waiting"]
         return Feedback("gil", "fail", text, numbers, locality, evidence, next_probes, details)
+    if report.near_threshold:
+        return Feedback("gil", "inconclusive", text, numbers, locality, evidence,
+                        [f"rerun infragent gil {report.workload} with a longer workload (more spans narrow the "
+                         "interval)"], details)
     return Feedback("gil", "pass", text, numbers, locality, evidence,
                     [f"infragent record {report.workload} (where the time goes, if not the GIL)"], details)
 
@@ -289,8 +327,17 @@ def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms
         return Feedback("gil", "inconclusive", str(err), details={"traceback": err.traceback},
                         next_probes=[f"run {workload_name} directly to check that it works"])
     except subprocess.TimeoutExpired:
-        return Feedback("gil", "inconclusive", f"workload {workload_name} ran longer than {timeout_s:g} s",
+        return Feedback("gil", "inconclusive", f"inconclusive: budget: workload {workload_name} gave nothing in "
+                        f"{timeout_s:g} s (interrupted before it started, or it did not stop when interrupted)",
                         next_probes=["make the workload shorter (a few seconds is enough)"])
+    feedback = _judge(workload_name, rec, threshold, out_dir)
+    meta = Trace.load(rec.trace_path).meta
+    if meta.get("stopped_at_budget"):  # interrupted at timeout_s: the trace holds what ran until then
+        return over_budget(feedback, timeout_s, meta["workload_wall_ns"] / 1e9, "the samples of the run until then")
+    return feedback
+
+
+def _judge(workload_name: str, rec: GilRecording, threshold: float, out_dir: Path) -> Feedback:
     trace = Trace.load(rec.trace_path)
     if not any(s.cpu_ns is not None and s.dur_ns > 0 for s in trace.spans):  # no spans: whole threads
         evidence = [Evidence.of(rec.trace_path, "child trace: schedstat, blocked-state and gilknocker counters")]

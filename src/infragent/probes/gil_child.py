@@ -12,13 +12,15 @@ Records spans with thread CPU time (Recorder(thread_cpu=True)) and, from a sampl
                                                  (reset after each read), every second interval
 The threads' names (native id -> name, every thread seen) go into the trace's meta, for threads that
 record no spans.
-Writes the Chrome trace to TRACE.json, or the workload's traceback to TRACE.json.error, then exits with
+SIGINT (the parent's budget) stops the workload; the trace of what ran until then is still written, with
+meta stopped_at_budget (stopped before the workload started: TRACE.json.stopped). Writes the Chrome trace to TRACE.json, or the workload's traceback to TRACE.json.error, then exits with
 os._exit so that gilknocker's native threads cannot abort interpreter shutdown.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import sysconfig
 import threading
@@ -118,25 +120,53 @@ class Sampler:
             self.knocker.stop()
 
 
-def _run_workload(fn: Callable[[], Any]) -> int:
-    """Call the workload; the parent keeps only the main thread's py-spy samples under this frame."""
+class _Stop:
+    """The parent's SIGINT at the budget: before the workload runs it only marks the stop (an interrupt inside
+    an import could be swallowed there); while the workload runs it interrupts it, once."""
+
+    requested = False
+    running = False
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    if _Stop.requested:
+        return
+    _Stop.requested = True
+    if _Stop.running:
+        raise KeyboardInterrupt
+
+
+def _run_workload(fn: Callable[[], Any]) -> tuple[int, bool]:
+    """Call the workload; wall ns and whether the parent stopped it (SIGINT at its budget). The parent keeps
+    only the main thread's py-spy samples under this frame."""
     start = time.perf_counter_ns()
-    fn()
-    return time.perf_counter_ns() - start
+    _Stop.running = True
+    try:
+        if not _Stop.requested:  # a stop that came before running was set is seen here
+            fn()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _Stop.running = False
+    return time.perf_counter_ns() - start, _Stop.requested
 
 
-def record(workload: str, out: Path, interval_s: float = 0.025) -> Path:
-    """Run the workload once under the recorder and the sampler; save the trace to out."""
+def record(workload: str, out: Path, interval_s: float = 0.025) -> Path | None:
+    """Run the workload once under the recorder and the sampler; save the trace to out (None: stopped before
+    the workload started)."""
     fn = resolve(workload, "workload")
+    if _Stop.requested:
+        return None
     recorder = Recorder(thread_cpu=True).start()
     sampler = Sampler(interval_s).start()
     try:
-        wall_ns = _run_workload(fn)
+        wall_ns, stopped = _run_workload(fn)
     finally:
         sampler.stop()
         recorder.stop()
     trace = recorder.trace()
-    trace.meta.update(workload=workload, workload_wall_ns=wall_ns, sampler_thread=SAMPLER_THREAD,
+    trace.meta.update(workload=workload, workload_wall_ns=wall_ns, stopped_at_budget=stopped,
+                      sampler_thread=SAMPLER_THREAD,
                       sample_interval_ns=int(interval_s * 1e9), schedstat=sampler.schedstat,
                       gilknocker=sampler.knocker is not None, switch_interval_s=sys.getswitchinterval(),
                       thread_names={str(tid): name for tid, name in sampler.names.items()})
@@ -151,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-ms", type=float, default=25.0)
     args = parser.parse_args(argv)
     out = Path(args.trace)
+    signal.signal(signal.SIGINT, _on_interrupt)
     try:
-        record(args.workload, out, args.interval_ms / 1e3)
+        if record(args.workload, out, args.interval_ms / 1e3) is None:  # the budget ran out while importing it
+            Path(str(out) + ".stopped").write_text("interrupted before the workload started")
     except BaseException:
         Path(str(out) + ".error").write_text(traceback.format_exc())
         return 1

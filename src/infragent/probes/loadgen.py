@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from infragent.analysis.serving_metrics import RequestRecord, ServingMetrics, by_bucket, serving_metrics
 from infragent.analysis.stats import bootstrap_median
 from infragent.probes.artifacts import save_json
+from infragent.probes.budget import over_budget
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.load_arrivals import arrival_times
 from infragent.probes.load_client import ConnectionPool, now_clock, stream_request
@@ -56,6 +58,7 @@ class LoadConfig:
     seed: int = 0
     api_key: str | None = None
     progress: bool = True
+    budget_s: float | None = None  # most seconds for all repeats, warm-up included; then stop and say so
 
 
 @dataclass
@@ -66,6 +69,7 @@ class LoadRun:
     duration_s: float
     metrics: ServingMetrics
     buckets: dict[str, ServingMetrics]
+    stopped: bool = False  # the budget ended it: requests not done by then are not in the records
 
 
 def build_requests(config: LoadConfig, n: int, seed: int) -> list[RequestSpec]:
@@ -119,18 +123,23 @@ def discover_model(config: LoadConfig) -> str:
                               "or pass --model") from None
 
 
-async def run_once(config: LoadConfig, model: str, seed: int) -> LoadRun:
-    """Warm up, then send num_prompts requests on the arrival schedule under the concurrency limit."""
+async def run_once(config: LoadConfig, model: str, seed: int, budget_s: float | None = None) -> LoadRun:
+    """Warm up, then send num_prompts requests on the arrival schedule under the concurrency limit; at
+    budget_s (warm-up included) send no more and cancel what is in flight."""
     specs = build_requests(config, config.num_prompts, seed)
     pool = ConnectionPool(config.base_url, config.api_key)
     clock = now_clock()
+    until = None if budget_s is None else clock() + budget_s
     records = await warm_up(config, model, pool, clock, seed)
     offsets = arrival_times(len(specs), config.request_rate, config.burstiness, config.arrival, seed)
     with progress_bar(config, len(specs)) as advance:
-        measured, duration = await send_requests(config, model, pool, clock, list(enumerate(specs)), offsets, advance)
+        measured, duration = await send_requests(config, model, pool, clock, list(enumerate(specs)), offsets, advance,
+                                                 until)
     pool.close()
     records.extend(measured)
-    return finish_run(config, records, duration)
+    run = finish_run(config, records, duration)
+    run.stopped = len(measured) < len(specs)
+    return run
 
 
 async def warm_up(config: LoadConfig, model: str, pool: ConnectionPool, clock: Callable[[], float],
@@ -147,8 +156,9 @@ async def warm_up(config: LoadConfig, model: str, pool: ConnectionPool, clock: C
 
 async def send_requests(config: LoadConfig, model: str, pool: ConnectionPool, clock: Callable[[], float],
                         indexed: list[tuple[int, RequestSpec]], offsets: Sequence[float],
-                        advance: Callable[[], None]) -> tuple[list[RequestRecord], float]:
-    """Send (index, request) pairs at their arrival offsets under the concurrency limit; records and duration."""
+                        advance: Callable[[], None], until: float | None = None) -> tuple[list[RequestRecord], float]:
+    """Send (index, request) pairs at their arrival offsets under the concurrency limit; records and duration.
+    At clock() `until` none is sent any more and those in flight are cancelled: only finished ones are kept."""
     gate = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     start = clock()
 
@@ -172,15 +182,30 @@ async def send_requests(config: LoadConfig, model: str, pool: ConnectionPool, cl
         # first requests for milliseconds.
         tasks = []
         for offset, (i, spec) in zip(offsets, indexed):
+            if until is not None and start + offset > until:
+                break
             delay = start + offset - clock()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(send(i, spec)))
-        records = await asyncio.gather(*tasks)
+        records = await _finished(tasks, None if until is None else until - clock())
     finally:
         if collecting:
             gc.enable()
-    return list(records), clock() - start  # as vLLM: from the first send until every request is done
+    return records, clock() - start  # as vLLM: from the first send until every request is done
+
+
+async def _finished(tasks: list[asyncio.Task], timeout_s: float | None) -> list[RequestRecord]:
+    """The records of the tasks done within timeout_s (all of them when None), in order; the rest cancelled."""
+    if not tasks:
+        return []
+    if timeout_s is None:
+        return list(await asyncio.gather(*tasks))
+    done, pending = await asyncio.wait(tasks, timeout=max(timeout_s, 0.0))
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return [t.result() for t in tasks if t in done]
 
 
 def finish_run(config: LoadConfig, records: list[RequestRecord], duration: float) -> LoadRun:
@@ -201,8 +226,21 @@ def progress_bar(config: LoadConfig, total: int) -> Iterator[Callable[[], None]]
 def run_loadgen(config: LoadConfig) -> Feedback:
     """Run the benchmark config.repeats times and return the Feedback (raw records in the evidence file)."""
     model = discover_model(config)
-    runs = [asyncio.run(run_once(config, model, config.seed + r)) for r in range(config.repeats)]
-    return to_feedback(config, model, runs)
+    start = time.monotonic()
+    runs: list[LoadRun] = []
+    for r in range(config.repeats):
+        left = None if config.budget_s is None else config.budget_s - (time.monotonic() - start)
+        if left is not None and left <= 0:
+            break
+        runs.append(asyncio.run(run_once(config, model, config.seed + r, left)))
+        if runs[-1].stopped:
+            break
+    feedback = to_feedback(config, model, runs)
+    if len(runs) < config.repeats or runs[-1].stopped:
+        done = sum(r.metrics.completed for r in runs)
+        had = f"{len(runs)} of {config.repeats} repeats, {done} of {config.num_prompts * config.repeats} requests done"
+        return over_budget(feedback, config.budget_s or 0.0, time.monotonic() - start, had)
+    return feedback
 
 
 SUMMARY = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("total_token_throughput", "tok/s"))

@@ -11,6 +11,7 @@ Each comes with a bootstrap CI over windows (or prompts) and the raw per-window 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.quant.corpus import token_windows
 from infragent.engine.sampling import SamplingParams
 from infragent.probes.artifacts import save_json
+from infragent.probes.budget import over_budget
 from infragent.probes.feedback import Feedback, Measure
 
 QUALITY_METRICS = ("perplexity_increase", "kl_divergence", "greedy_agreement")
@@ -49,28 +51,49 @@ class QualitySamples:
     kl: list[float]  # mean KL per window
     agreement: list[float]  # per prompt
     exact: list[bool]  # per prompt: the whole greedy continuation identical
+    stopped: bool = False  # the budget ended the scoring before the plan's windows and prompts were done
 
 
-def quality_samples(reference: LLMEngine, candidate: LLMEngine, plan: QualityPlan | None = None) -> QualitySamples:
-    """Score the held-out windows and the prompts on both engines (engines must be idle)."""
+def quality_samples(reference: LLMEngine, candidate: LLMEngine, plan: QualityPlan | None = None,
+                    until: float | None = None) -> QualitySamples:
+    """Score the held-out windows and the prompts on both engines (engines must be idle), a batch at a time;
+    no batch starts that the last one's time says would end past time.monotonic() `until` (at least one
+    batch of each is scored)."""
     plan = plan or QualityPlan()
     encode = reference.tokenizer.encode
+    out = QualitySamples([], [], [], [], [])
+    last = {"start": time.monotonic(), "took": 0.0}
+
+    def late(done: int) -> bool:
+        now = time.monotonic()
+        last["took"], last["start"] = (now - last["start"] if done > 0 else 0.0), now
+        if done > 0 and until is not None and now + last["took"] > until:
+            out.stopped = True
+            return True
+        return False
+
     windows = token_windows(encode, "evaluation", plan.window, plan.windows)
-    nll_r, nll_c, kl = [], [], []
     for start in range(0, len(windows), plan.batch):
+        if late(start):
+            break
         batch = windows[start:start + plan.batch]
         for ids, lp_r, lp_c in zip(batch, _prompt_logprobs(reference, batch), _prompt_logprobs(candidate, batch)):
             targets = torch.tensor(ids[1:])
-            nll_r.append(float(-lp_r[:-1].gather(1, targets[:, None]).mean()))
-            nll_c.append(float(-lp_c[:-1].gather(1, targets[:, None]).mean()))
-            kl.append(float((lp_r.exp() * (lp_r - lp_c)).sum(dim=1).mean()))
+            out.nll_reference.append(float(-lp_r[:-1].gather(1, targets[:, None]).mean()))
+            out.nll_candidate.append(float(-lp_c[:-1].gather(1, targets[:, None]).mean()))
+            out.kl.append(float((lp_r.exp() * (lp_r - lp_c)).sum(dim=1).mean()))
     prompts = [w[:plan.prompt_tokens] for w in token_windows(encode, "evaluation", plan.prompt_tokens, plan.prompts)]
     greedy = SamplingParams(max_tokens=plan.max_tokens, temperature=0.0, ignore_eos=True)
-    ref_out = LLM.from_engine(reference).generate(prompts, greedy)
-    cand_out = LLM.from_engine(candidate).generate(prompts, greedy)
-    agreement = [_common_prefix(r.token_ids, c.token_ids) / len(r.token_ids) for r, c in zip(ref_out, cand_out)]
-    exact = [r.token_ids == c.token_ids for r, c in zip(ref_out, cand_out)]
-    return QualitySamples(nll_r, nll_c, kl, agreement, exact)
+    for start in range(0, len(prompts), plan.batch):
+        if late(start):
+            break
+        batch = prompts[start:start + plan.batch]
+        ref_out = LLM.from_engine(reference).generate(batch, greedy)
+        cand_out = LLM.from_engine(candidate).generate(batch, greedy)
+        for r, c in zip(ref_out, cand_out):
+            out.agreement.append(_common_prefix(r.token_ids, c.token_ids) / len(r.token_ids))
+            out.exact.append(r.token_ids == c.token_ids)
+    return out
 
 
 def quality(reference: LLMEngine, candidate: LLMEngine, plan: QualityPlan | None = None,
@@ -119,13 +142,21 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def quality_of(model: str, knobs: dict[str, Any], plan: QualityPlan | None = None) -> Feedback:
-    """The quality gates of an engine configuration (knobs: quantization, KV-cache dtypes) against fp32."""
+def quality_of(model: str, knobs: dict[str, Any], plan: QualityPlan | None = None,
+               budget_s: float | None = None) -> Feedback:
+    """The quality gates of an engine configuration (knobs: quantization, KV-cache dtypes) against fp32; past
+    budget_s (loading included) it scores no further batch and answers, inconclusive, from what it has."""
     from infragent.engine.config import EngineConfig
 
+    start = time.monotonic()
     plan = plan or QualityPlan()
     length = max(plan.window, 64) + 32
     candidate = LLMEngine(EngineConfig(model=model, max_model_len=length, **knobs))
     reference = LLMEngine(EngineConfig(model=model, max_model_len=length))
-    return quality(reference, candidate, plan,
-                   label=" ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")) or "fp32")
+    label = " ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")) or "fp32"
+    samples = quality_samples(reference, candidate, plan, None if budget_s is None else start + budget_s)
+    feedback = quality_feedback(samples, label)
+    if samples.stopped:
+        had = f"{len(samples.kl)} of {plan.windows} windows and {len(samples.agreement)} of {plan.prompts} prompts"
+        return over_budget(feedback, budget_s or 0.0, time.monotonic() - start, had)
+    return feedback

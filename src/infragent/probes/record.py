@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+from infragent.probes.budget import Deadline, over_budget
 from infragent.probes.feedback import Evidence, Feedback, Measure
 from infragent.trace import Recorder
 from infragent.trace_model import Trace
@@ -20,13 +21,22 @@ def span_totals(trace: Trace) -> list[tuple[str, int, int]]:
     return sorted(((name, c, ns) for name, (c, ns) in totals.items()), key=lambda row: -row[2])
 
 
-def run_record(workload: Callable[[], Any], output: str | Path = "trace.json", top: int = 8) -> Feedback:
-    """Call workload() once under a Recorder (with thread CPU time) and write the trace to output."""
+def run_record(workload: Callable[[], Any], output: str | Path = "trace.json", top: int = 8,
+               budget_s: float | None = 120.0) -> Feedback:
+    """Call workload() once under a Recorder (with thread CPU time) and write the trace to output; a workload
+    still running at budget_s is stopped, and the spans it closed so far are the (inconclusive) answer."""
     with Recorder(thread_cpu=True) as recorder:
         start = time.perf_counter_ns()
-        workload()
+        with Deadline(budget_s) as deadline:
+            workload()
         wall_ns = time.perf_counter_ns() - start
-    trace = recorder.trace()
+    feedback = _attribute(recorder.trace(), output, wall_ns, top)
+    if deadline.stopped:
+        return over_budget(feedback, budget_s or 0.0, deadline.elapsed_s, "the spans closed until then")
+    return feedback
+
+
+def _attribute(trace: Trace, output: str | Path, wall_ns: int, top: int) -> Feedback:
     path = trace.save(output)
     rows = span_totals(trace)
     if not trace.spans:

@@ -51,7 +51,7 @@ class ThreadStates:
         self._stop.set()
         self._thread.join(5)
 
-    def _child(self) -> int | None:
+    def child(self) -> int | None:
         """The pid of the deepest process of the tree whose command line holds the marker (under py-spy, the
         Python child, not py-spy, whose own command line holds it too)."""
         try:
@@ -67,7 +67,7 @@ class ThreadStates:
         pid = None
         rng = random.Random(0)
         while not self._stop.wait(rng.uniform(*PERIOD_S)):
-            pid = pid or self._child()
+            pid = pid or self.child()
             if pid is None:
                 continue
             now = time.perf_counter_ns()
