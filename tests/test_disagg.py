@@ -155,7 +155,7 @@ def test_a_decode_worker_killed_under_load_fails_only_its_requests():
         results: dict[int, tuple[int, str]] = {}
 
         def ask(i: int) -> None:
-            body = {"model": "m", "prompt": [11 + i, 12, 13, 14, 15], "max_tokens": 200, "ignore_eos": True}
+            body = {"prompt": [11 + i, 12, 13, 14, 15], "max_tokens": 200, "ignore_eos": True}
             r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
             results[i] = (r.status_code, r.text)
 
@@ -175,7 +175,7 @@ def test_a_decode_worker_killed_under_load_fails_only_its_requests():
         assert metric(url, "infragent:disagg_worker_deaths_total", 'role="decode"') == 1
         assert metric(url, "infragent:disagg_workers_alive", 'role="decode"') == 1
         assert metric(url, "infragent:disagg_request_failures_total", 'cause="worker_died"') == len(failed)
-        after = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 4}, timeout=60)
+        after = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
 
 

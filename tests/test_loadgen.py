@@ -164,3 +164,37 @@ def test_interleaved_runs_send_twin_requests_back_to_back():
     assert a.metrics.total_output == b.metrics.total_output == sum(r.output_len for r in a.records if not r.warmup)
     starts = [r.start_s for r in a.records if not r.warmup]
     assert starts == sorted(starts) and a.duration_s >= starts[-1]  # blocks laid end to end on each side
+
+
+def test_itl_counts_token_chunks_only(tmp_path, monkeypatch):
+    """At 4 output tokens and concurrency 1: three gaps per request, and ITL's mean is TPOT's."""
+    monkeypatch.setenv("INFRAGENT_ARTIFACTS", str(tmp_path))
+    with thread_server() as url:
+        fb = run_loadgen(LoadConfig(base_url=url, num_prompts=6, max_concurrency=1, random_input_len=16,
+                                    random_output_len=4, warmup=1, progress=False))
+    records = [r for r in json.loads(Path(fb.evidence[0].path).read_text())["runs"][0]["records"] if not r["warmup"]]
+    assert all(len(r["itl_s"]) == r["output_tokens"] - 1 == 3 for r in records)
+    itl = sum(sum(r["itl_s"]) for r in records) / sum(len(r["itl_s"]) for r in records)
+    tpot = sum((r["latency_s"] - r["ttft_s"]) / (r["output_tokens"] - 1) for r in records) / len(records)
+    assert abs(itl / tpot - 1) < 0.02
+
+
+def test_fresh_prompts_by_default_and_a_reused_seed_is_flagged(tmp_path, monkeypatch):
+    """Default runs draw fresh prompts (the server's prefix cache serves nothing); a second run with the same
+    explicit seed is served from the cache the first one warmed, and says so."""
+    from infragent.engine.config import EngineConfig
+
+    monkeypatch.setenv("INFRAGENT_ARTIFACTS", str(tmp_path))
+    with thread_server(config=EngineConfig(model="llama", max_model_len=256, num_threads=1)) as url:
+        def run(seed):
+            return run_loadgen(LoadConfig(base_url=url, num_prompts=6, max_concurrency=2, random_input_len=64,
+                                          random_output_len=2, warmup=0, progress=False, seed=seed))
+        fresh = [run(None), run(None)]
+        pinned = [run(5), run(5)]
+    for fb in fresh + pinned[:1]:
+        cache = json.loads(Path(fb.evidence[0].path).read_text())["runs"][0]["prefix_cache"]
+        assert fb.verdict == "pass" and cache["hit_rate"] < 0.05 and not cache["flagged"], (fb.finding, cache)
+    assert fresh[0].locality["seed"] != fresh[1].locality["seed"]
+    cache = json.loads(Path(pinned[1].evidence[0].path).read_text())["runs"][0]["prefix_cache"]
+    assert cache["flagged"] and cache["hit_rate"] > 0.5
+    assert pinned[1].verdict == "inconclusive" and "served from the prefix cache" in pinned[1].finding

@@ -95,7 +95,7 @@ def test_stop_strings_are_never_streamed(server):
     ({"prompt": "hi", "top_p": 1.5}, "top_p"),
     ({"prompt": "hi", "temperature": -1}, "temperature"),
     ({"prompt": "word " * 600}, "prompt"),
-    ({"prompt": "hi", "n": 2}, "n"),
+    ({"prompt": "hi", "n": 9}, "n"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"max_tokens": 3}, "prompt"),
 ])

@@ -265,6 +265,8 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name"),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Queued requests beyond this get 429."),
+    max_request_bytes: int = typer.Option(4 * 1024 * 1024, "--max-request-bytes",
+                                          help="Request bodies larger than this get 413."),
     hybrid_config: Optional[str] = typer.Option(None, "--hybrid-config",
                                                 help='JSON sizes for the hybrid model, e.g. \'{"hidden_size": 256}\'.'),
     shutdown_timeout: float = typer.Option(30.0, "--shutdown-timeout", help="Seconds in-flight requests get on SIGTERM."),
@@ -303,7 +305,7 @@ def serve(
         logging.getLogger("infragent.serve").info("engine code: %s", Path(infragent.__file__).resolve().parent)
         split = (DisaggConfig(prefill_workers, decode_workers, kv_store, transfer_timeout) if disagg else None)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
-                             log_level="info", disagg=split)
+                             log_level="info", disagg=split, max_request_bytes=max_request_bytes)
     except (ConfigError, FileNotFoundError) as err:
         _fail(str(err))
         return
@@ -333,7 +335,8 @@ def loadgen(
     goodput: List[str] = typer.Option([], "--goodput", help="SLOs in ms, e.g. ttft:500 tpot:50 (repeatable)."),
     warmup: int = typer.Option(2, "--warmup", help="Requests sent first and left out of the metrics."),
     repeats: int = typer.Option(1, "--repeats", help="Run N times; report medians with CIs across runs."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the prompts (default: fresh each run, so "
+                                                          "no run is served from an earlier one's prefix cache)."),
     api_key: Optional[str] = typer.Option(None, "--api-key"),
     budget_s: float = typer.Option(600.0, "--budget-s", help="Most seconds for all repeats; past it nothing more "
                                                               "is sent and the finished requests are the answer."),

@@ -203,7 +203,9 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
                 model: Annotated[str | None, Field(description="Model name (default: the server's first)",
                                                    examples=["llama"])] = None,
                 repeats: Annotated[int, Field(description="Runs; medians with CIs across them", examples=[3])] = 1,
-                seed: Annotated[int, Field(description="Seed of the random prompts", examples=[0])] = 0,
+                seed: Annotated[int | None, Field(description="Seed of the random prompts (default: fresh each "
+                                                              "run, so no run hits an earlier one's prefix cache)",
+                                                  examples=[0])] = None,
                 arrival: Annotated[str, Field(description="burst, constant, poisson or gamma",
                                               examples=["poisson"])] = "gamma",
                 burstiness: Annotated[float, Field(description="Gamma shape: 1 = Poisson, <1 burstier",

@@ -48,7 +48,7 @@ class BlockManager:
 
     def reuse_cached_prefix(self, seq: Sequence) -> None:
         """Attach the longest run of cached full prompt blocks to a fresh seq and skip computing them."""
-        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs:
+        if not self.enable_prefix_caching or seq.block_table or seq.params.wants_prompt_rows:
             return
         prompt = seq.prompt_token_ids
         # At least one prompt token must be computed so the last position yields logits.
@@ -65,6 +65,23 @@ class BlockManager:
             seq.block_table.append(block)
             parent = h
         seq.num_computed_tokens = seq.num_cached_tokens = len(seq.block_table) * self.block_size
+
+    def share_prompt(self, parent: Sequence, child: Sequence, tokens: int) -> tuple[int, int] | None:
+        """Give child the blocks of parent's first `tokens` tokens: full blocks shared (one more reference
+        each), a partly filled last block as a fresh block of its own. Returns (parent's, child's) last block
+        when its contents must be copied; the caller checked that a block is free (can_share)."""
+        full, partial = divmod(tokens, self.block_size)
+        for block in parent.block_table[:full]:
+            self.ref_counts[block] += 1
+            child.block_table.append(block)
+        if not partial:
+            return None
+        self.allocate(child, tokens)
+        return parent.block_table[full], child.block_table[full]
+
+    def can_share(self, tokens: int) -> bool:
+        """Whether share_prompt finds the block a partly filled last block needs."""
+        return tokens % self.block_size == 0 or self.num_free_blocks > 0
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Publish hashes of seq's blocks that are now full of computed tokens."""

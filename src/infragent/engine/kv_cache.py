@@ -42,6 +42,13 @@ class KVCache:
         self._held: list[tuple] = []  # after_prefill: layers done, not yet published
         self.kernels = False  # whether the native kernels (kernels/) run the layers they apply to (native())
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's keys and values (and scales), every layer: a fork's own copy of a shared block."""
+        for store in (self.k, self.v, self.k_scale, self.v_scale):
+            for layer in store:
+                if layer is not None:
+                    layer[dst].copy_(layer[src])
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, inputs: StepInputs) -> None:
         """Store this step's K/V rows ([T, kv_heads, head_dim]) at their (block, offset) slots."""
         with span("kv.write", layer=layer, tokens=k.shape[0]):
@@ -186,6 +193,13 @@ class KDAStateCache:
     def __init__(self, num_layers: int, num_slots: int, num_heads: int, dk: int, dv: int) -> None:
         self.states = [torch.zeros(num_slots, num_heads, dk, dv) for _ in range(num_layers)]
         self.rollback = None  # speculative decoding: a SnapshotRollback or ReplayRollback over these states
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """A fork's recurrent state: the parent's, every layer."""
+        for s in self.states:
+            s[dst].copy_(s[src])
+        if self.rollback is not None:
+            self.rollback.reset([dst])
 
     def reset(self, slots: list[int]) -> None:
         """Zero the states of newly assigned slots."""

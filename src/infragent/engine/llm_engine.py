@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -27,7 +27,7 @@ from infragent.engine.quant.apply import quantize_projections
 from infragent.engine.quant.corpus import token_windows
 from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
 from infragent.engine.runner import ModelRunner
-from infragent.engine.sampling import RequestError, SamplingParams
+from infragent.engine.sampling import RequestError, SamplingParams, TokenLogprob
 from infragent.engine.scheduler import ScheduledBatch, Scheduler
 from infragent.engine.spec_decode.draft_model import DraftModel
 from infragent.engine.spec_decode.ngram import propose_ngram
@@ -94,6 +94,7 @@ class LLMEngine:
             self.kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
                                              local.kda_head_k_dim, local.kda_head_v_dim) if self.slots else None)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, self.blocks, self.slots)
+        self.prompt_tokens_computed = 0  # prompt positions run through the model (a prefix-cache hit or a fork: none)
         if world > 1:
             workers, port = start_workers(config, world, num_blocks, block_size)
             init_group(0, world, port)
@@ -191,18 +192,47 @@ class LLMEngine:
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
                       request_id: str = "") -> Sequence:
         """Validate and tokenize one request without queueing it (safe to call off the engine thread)."""
+        params = params or SamplingParams()
+        parallel = max(self.config.tensor_parallel_size, self.config.pipeline_parallel_size) > 1
+        if parallel and (params.logprobs is not None or params.prompt_top_logprobs is not None
+                         or params.adjusts_logits):
+            raise RequestError("logprobs, penalties and min_tokens: not supported with tensor or pipeline "
+                               "parallelism yet (its ranks return only tokens); leave them out or serve with "
+                               "--tp 1 --pp 1")
         return make_sequence(self.tokenizer, self.spec.vocab_size, self.max_model_len, prompt, params, request_id)
 
     def add_sequence(self, seq: Sequence) -> None:
-        """Queue a sequence made by make_sequence (FCFS)."""
+        """Queue a sequence made by make_sequence (FCFS); its forks (other choices) wait for its prompt."""
         self.scheduler.add(seq)
+
+    def fork(self, seq: Sequence, n: int) -> list[Sequence]:
+        """n - 1 more choices of a queued-to-be sequence (parallel sampling): each samples from the same
+        prompt, computed once; seeds derived from seq's (seed + i), or fresh draws when it has none."""
+        if max(self.config.tensor_parallel_size, self.config.pipeline_parallel_size) > 1 and n > 1:
+            raise RequestError("n: more than one choice is not served with tensor or pipeline parallelism yet")
+        forks = []
+        for i in range(1, n):
+            params = replace(seq.params, seed=None if seq.params.seed is None else seq.params.seed + i)
+            forks.append(Sequence(list(seq.prompt_token_ids), params, request_id=f"{seq.request_id}-{i}",
+                                  prompt=seq.prompt, detokenizer=self.tokenizer.detokenizer()))
+        seq.forks = forks
+        return forks
 
     def abort(self, seq: Sequence) -> None:
         """Stop a request wherever it is; its KV blocks and state slot return to the free lists."""
-        if seq.status is not SequenceStatus.FINISHED:
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        owner = next((s for s in [*self.scheduler.waiting, *self.scheduler.running] if seq in s.forks), None)
+        if owner is not None:  # a fork still waiting for its parent's prompt holds nothing yet
+            owner.forks.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+        else:
+            for fork in seq.forks:  # the parent goes: forks that never started go with it
+                fork.status, fork.finish_reason, fork.finish_time = SequenceStatus.FINISHED, "abort", time.perf_counter()
+            seq.forks = []
             self.scheduler.abort(seq)
-            seq.finish_reason = "abort"
-            seq.finish_time = time.perf_counter()
+        seq.finish_reason = "abort"
+        seq.finish_time = time.perf_counter()
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
@@ -248,6 +278,8 @@ class LLMEngine:
         updated, finished = [], []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             tokens = sampled.get(seq.seq_id)
+            self.prompt_tokens_computed += max(0, min(seq.num_computed_tokens + n, len(seq.prompt_token_ids))
+                                               - seq.num_computed_tokens)
             verified = self.runner.speculative and seq.num_computed_tokens == len(seq) - 1
             seq.num_computed_tokens += len(tokens) if verified and tokens else n
             seq.draft_token_ids = []
@@ -258,10 +290,33 @@ class LLMEngine:
                 continue
             if seq.first_token_time is None:
                 seq.first_token_time = now
+            if seq.forks and not seq.output_token_ids:
+                self._start_forks(seq, now, updated, finished)
             updated.append(seq)
             if self._append(seq, tokens, now):
                 finished.append(seq)
         return StepUpdate(updated, finished)
+
+    def _start_forks(self, parent: Sequence, now: float, updated: list[Sequence], finished: list[Sequence]) -> None:
+        """Start each fork from the parent's computed prompt, with the first token sampled beside the parent's;
+        a fork with no room yet is queued to compute its prompt itself (and samples its first token again)."""
+        for fork in parent.forks:
+            copy = self.scheduler.admit_fork(parent, fork)
+            if copy is False:
+                fork.forked_token, fork.output_logprobs = None, []
+                if fork.params.seed is not None:
+                    fork.generator = torch.Generator().manual_seed(fork.params.seed)
+                self.scheduler.add(fork)
+                continue
+            if copy is not None:
+                self.kv_cache.copy_block(*copy)
+            if self.kda_states is not None:
+                self.kda_states.copy_slot(parent.state_slot, fork.state_slot)
+            fork.first_token_time = now
+            updated.append(fork)
+            if self._append(fork, [fork.forked_token], now):
+                finished.append(fork)
+        parent.forks = []
 
     def _append(self, seq: Sequence, tokens: list[int], now: float) -> bool:
         """Append sampled tokens, detokenizing and applying the stop rules; True when seq finished."""
@@ -270,6 +325,7 @@ class LLMEngine:
             seq.text += seq.detokenizer.add(token)
             reason = self._stop_reason(seq, token)
             if reason:
+                del seq.output_logprobs[len(seq.output_token_ids):]  # accepted drafts past the stop
                 seq.finish_reason, seq.finish_time = reason, now
                 self.scheduler.finish(seq)
                 return True
@@ -302,7 +358,7 @@ class LLMEngine:
         """Propose drafts for every running greedy sequence past its prompt (n-gram lookup or draft model)."""
         cfg = self.config
         for seq in self.scheduler.running:
-            if seq.num_computed_tokens != len(seq) - 1 or not seq.params.greedy:
+            if seq.num_computed_tokens != len(seq) - 1 or not seq.params.greedy or seq.params.adjusts_logits:
                 continue
             room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq)) - 1
             k = min(cfg.num_speculative_tokens, room)
@@ -318,7 +374,7 @@ class LLMEngine:
             if hits:
                 seq.text = seq.text[:min(hits)]
                 return "stop"
-        if token == self.tokenizer.eos_token_id and not params.ignore_eos:
+        if (token == self.tokenizer.eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
             reason = "stop"
         elif len(seq.output_token_ids) >= params.max_tokens or len(seq) >= self.max_model_len:
             reason = "length"
@@ -334,13 +390,14 @@ class LLMEngine:
             token_ids=list(seq.output_token_ids), text=seq.text, finish_reason=seq.finish_reason,
             arrival_time=seq.arrival_time, first_token_time=seq.first_token_time, finish_time=seq.finish_time,
             num_cached_tokens=seq.num_cached_tokens, num_preemptions=seq.num_preemptions,
-            prompt_logprobs=_prompt_logprobs(seq))
+            prompt_logprobs=_prompt_logprobs(seq), logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None
+            else None, prompt_top_logprobs=prompt_top_logprobs(seq))
 
 
 def make_sequence(tokenizer: Tokenizer, vocab_size: int, max_model_len: int, prompt: str | list[int],
                   params: SamplingParams | None = None, request_id: str = "") -> Sequence:
     """Validate and tokenize one request (RequestError names the bad field)."""
-    params = params or SamplingParams()
+    params = replace(params) if params is not None else SamplingParams()  # resolved per request, below
     params.validate()
     if isinstance(prompt, str):
         token_ids, text = tokenizer.encode(prompt), prompt
@@ -355,7 +412,31 @@ def make_sequence(tokenizer: Tokenizer, vocab_size: int, max_model_len: int, pro
         raise RequestError(f"prompt: {len(token_ids)} tokens does not fit the context "
                            f"(max_model_len={max_model_len}, one position is needed to generate); "
                            f"shorten the prompt")
+    room = max_model_len - len(token_ids)
+    if params.max_tokens is None:
+        params.max_tokens = room
+    elif params.strict_context and params.max_tokens > room:
+        raise RequestError(f"max_tokens: this model's context is {max_model_len} tokens; the prompt has "
+                           f"{len(token_ids)}, so at most {room} can be generated, not {params.max_tokens}; "
+                           "lower max_tokens or shorten the prompt")
+    if params.min_tokens > params.max_tokens:
+        raise RequestError(f"min_tokens: {params.min_tokens} is more than max_tokens={params.max_tokens}")
+    if params.min_tokens:
+        eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        params.banned_until_min = sorted({t for t in params.stop_token_ids + eos if t < vocab_size})
     return Sequence(token_ids, params, request_id=request_id, prompt=text, detokenizer=tokenizer.detokenizer())
+
+
+def prompt_top_logprobs(seq: Sequence) -> list[TokenLogprob] | None:
+    """With params.prompt_top_logprobs: prompt tokens 1.. each with its log-probability and alternatives, in
+    order, each position once (a preempted sequence recomputes its prefix, possibly in other chunks)."""
+    if seq.params.prompt_top_logprobs is None:
+        return None
+    rows: list[TokenLogprob] = []
+    for position in sorted(seq.prompt_top):
+        chunk = seq.prompt_top[position]
+        rows += chunk[len(rows) - position:] if position + len(chunk) > len(rows) else []
+    return rows
 
 
 def _prompt_logprobs(seq: Sequence) -> torch.Tensor | None:

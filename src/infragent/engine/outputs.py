@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from infragent.engine.sampling import TokenLogprob
+
 
 @dataclass
 class RequestOutput:
@@ -24,6 +26,8 @@ class RequestOutput:
     num_preemptions: int = 0
     # with SamplingParams.prompt_logprobs: [prompt tokens, vocab], row i = log p(next token | prompt[:i + 1])
     prompt_logprobs: torch.Tensor | None = None
+    logprobs: list[TokenLogprob] | None = None  # with SamplingParams.logprobs: one per generated token
+    prompt_top_logprobs: list[TokenLogprob] | None = None  # with prompt_top_logprobs: prompt tokens 1.. in order
 
     @property
     def ttft_s(self) -> float | None:

@@ -5,7 +5,7 @@ import torch
 
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
-from infragent.engine.sampling import sample
+from infragent.engine.sampling import sample, token_logprobs
 from infragent.engine.spec_decode.verify import accept_greedy
 from infragent.engine.scheduler import ScheduledBatch
 from infragent.engine.sequence import Sequence
@@ -69,7 +69,7 @@ class ModelRunner:
                 # a lossy KV layer's attention reads the chunk back from the cache, so it needs the blocks
                 context = torch.tensor(table) if self.paged and (start or self.kv_cache.any_lossy) else None
                 prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot))
-            if seq.params.prompt_logprobs and start < len(seq.prompt_token_ids):
+            if seq.params.wants_prompt_rows and start < len(seq.prompt_token_ids):
                 self.prompt_rows.append((seq, row, min(n, len(seq.prompt_token_ids) - start), start))
             if start + n == len(seq):
                 logits_rows.append(row + n - 1)
@@ -117,17 +117,45 @@ class ModelRunner:
         with span(phase, tokens=tokens, decodes=inputs.num_decodes, prefill_tokens=tokens - inputs.num_decodes):
             hidden = self.model.forward(inputs, self.kv_cache, self.kda_states)
         for seq, row, n, position in self.prompt_rows:  # a recomputed (preempted) prefix overwrites its rows
-            seq.prompt_logprobs[position] = torch.log_softmax(self.model.logits(hidden[row:row + n]), dim=-1)
+            self._keep_prompt_rows(seq, self.model.logits(hidden[row:row + n]), position)
         out: dict[int, list[int]] = {}
         if sampled_seqs:
             with span("sample", seqs=len(sampled_seqs)):
                 logits = self.model.logits(hidden.index_select(0, inputs.logits_rows))
-                tokens_out = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs])
+                tokens_out = sample(logits, [s.params for s in sampled_seqs], [s.generator for s in sampled_seqs],
+                                    [s.output_token_ids for s in sampled_seqs])
+                for i, (seq, token) in enumerate(zip(sampled_seqs, tokens_out)):
+                    if seq.params.logprobs is not None:
+                        seq.output_logprobs += token_logprobs(logits[i:i + 1], [token], seq.params.logprobs)
+                    if seq.forks and not seq.output_token_ids:  # the prompt is done: the other choices' firsts
+                        self._sample_forks(seq, logits[i:i + 1])
             out = {s.seq_id: [t] for s, t in zip(sampled_seqs, tokens_out)}
         if self.verify_rows:
             with span("verify", seqs=len(self.verify_rows)):
                 out.update(self._verify(hidden))
         return out
+
+    @staticmethod
+    def _sample_forks(parent: Sequence, row: torch.Tensor) -> None:
+        """Each fork's first token from the parent's last prompt row, with the fork's own params and seed."""
+        forks = parent.forks
+        firsts = sample(row.expand(len(forks), -1), [f.params for f in forks], [f.generator for f in forks],
+                        [[] for _ in forks])
+        for fork, token in zip(forks, firsts):
+            fork.forked_token = token
+            if fork.params.logprobs is not None:
+                fork.output_logprobs = token_logprobs(row, [token], fork.params.logprobs)
+
+    @staticmethod
+    def _keep_prompt_rows(seq: Sequence, logits: torch.Tensor, position: int) -> None:
+        """Keep what the request asked of the prompt rows [position, position + n): whole log-softmax rows,
+        and/or each next prompt token's log-probability with the top alternatives."""
+        if seq.params.prompt_logprobs:
+            seq.prompt_logprobs[position] = torch.log_softmax(logits, dim=-1)
+        k = seq.params.prompt_top_logprobs
+        if k is not None:
+            following = seq.prompt_token_ids[position + 1:position + 1 + len(logits)]  # the last row has none
+            seq.prompt_top[position] = token_logprobs(logits[:len(following)], following, k) if following else []
 
     def _verify(self, hidden: torch.Tensor) -> dict[int, list[int]]:
         """Accept each verification's drafts greedily; KDA state keeps only the accepted tokens."""
@@ -141,7 +169,10 @@ class ModelRunner:
                 self.spec_stats["drafted"] += len(drafts)
                 self.spec_stats["accepted"] += len(tokens) - 1
             else:  # nothing drafted (or no room): an ordinary decode of the last row, any sampling
-                tokens = sample(logits[-1:], [seq.params], [seq.generator])
+                tokens = sample(logits[-1:], [seq.params], [seq.generator], [seq.output_token_ids])
+            if seq.params.logprobs is not None:
+                rows = logits[:len(tokens)] if drafts else logits[-1:]
+                seq.output_logprobs += token_logprobs(rows, tokens, seq.params.logprobs)
             if self.kda_states is not None and self.kda_states.rollback is not None:
                 self.kda_states.rollback.commit(seq.state_slot, len(tokens))
             out[seq.seq_id] = tokens

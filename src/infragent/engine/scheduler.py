@@ -100,6 +100,21 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
+    def admit_fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None | bool:
+        """Start child running from parent's computed prompt (its KV blocks shared, its state slot fresh for
+        a copy). Returns False when there is no room (a running place, a block), else share_prompt's pair."""
+        tokens = len(parent.prompt_token_ids)
+        if len(self.running) >= self.max_num_seqs or not self.blocks.can_share(tokens):
+            return False
+        copy = self.blocks.share_prompt(parent, child, tokens)
+        child.num_computed_tokens = child.num_cached_tokens = tokens
+        if self.slots is not None:
+            self.slots.allocate(child)
+            self.slots.fresh.remove(child.state_slot)  # it gets the parent's state, not zeros
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        return copy
+
     def _preempt(self, seq: Sequence) -> None:
         """Free everything seq holds and requeue it at the front; its tokens are recomputed later."""
         self.running.remove(seq)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from infragent.engine.detokenizer import IncrementalDetokenizer
-from infragent.engine.sampling import SamplingParams
+from infragent.engine.sampling import SamplingParams, TokenLogprob
 
 _ids = itertools.count()
 
@@ -44,6 +44,13 @@ class Sequence:
     generator: torch.Generator | None = None
     draft_token_ids: list[int] = field(default_factory=list)  # this step's speculative tokens, not yet accepted
     prompt_logprobs: dict[int, torch.Tensor] = field(default_factory=dict)  # first position → [n, vocab] rows
+    # with params.prompt_top_logprobs: first position of a chunk → the next prompt token's logprob per row
+    prompt_top: dict[int, list[TokenLogprob]] = field(default_factory=dict)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)  # with params.logprobs, one per output token
+    # parallel sampling (n > 1): the other choices, waiting for this sequence's prompt; each starts from its
+    # KV and state once computed (the prompt is prefilled once), with a first token sampled from the same row
+    forks: list["Sequence"] = field(default_factory=list)
+    forked_token: int | None = None  # a fork's first token, sampled with the parent's
     seq_id: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self) -> None:

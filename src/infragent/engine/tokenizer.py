@@ -21,6 +21,22 @@ _TOKEN_TYPE_USER_DEFINED = 4
 _KEYS = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id", "eos_token_id", "add_bos_token")
 
 
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character each byte is written as in the vocabulary."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_UNICODE_TO_BYTE = _byte_alphabet()
+
+
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     """Pre-tokenizer for a `tokenizer.ggml.pre` value."""
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
@@ -69,6 +85,7 @@ class Tokenizer:
         self.add_bos_token: bool = bool(get("add_bos_token", False))
         self.chat_template: str | None = metadata.get("tokenizer.chat_template")
         self._compiled_template: Any = None
+        self._max_token_chars: int | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -113,12 +130,27 @@ class Tokenizer:
         """Raw vocabulary string of a token id (byte-level alphabet, e.g. 'Ġthe')."""
         return self._tokens[token_id]
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (special tokens: their text), possibly a partial UTF-8 character."""
+        if token_id in self._special_ids:
+            return self._tokens[token_id].encode("utf-8")
+        return bytes(_UNICODE_TO_BYTE.get(ch, 0x3F) for ch in self._tokens[token_id])
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token covers: a text longer than n times this cannot be under n tokens."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(len(self.token_bytes(i)) for i in range(len(self._tokens)))
+        return self._max_token_chars
+
     # ---- encode / decode ----------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Token ids for text; special-token strings like `<|im_start|>` in text map to their ids."""
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, got {type(text).__name__}")
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode holds it): a long prompt tokenized in a worker
+        # thread then does not stall the server's event loop
+        ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_bos:
             if self._bos is None:
                 raise ValueError(f"{self._source}: add_bos=True but the GGUF defines no tokenizer.ggml.bos_token_id")

@@ -15,26 +15,30 @@ from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import guarded_run, launched, open_run
 from infragent.lab.spec import Scenario, Spec, load_spec
 from infragent.probes.load_pairs import run_interleaved_sync
-from infragent.probes.loadgen import LoadConfig, discover_model, run_loadgen
+from infragent.probes.loadgen import LoadConfig, discover_model, fresh_seed, run_loadgen
 
 
-def loadgen_config(scenario: Scenario, base_url: str, repeat: int) -> LoadConfig:
-    """One repeat of a scenario; the seed is the repeat number, so baseline and candidate get the same prompts."""
+def loadgen_config(scenario: Scenario, base_url: str, seed: int | None = None) -> LoadConfig:
+    """One repeat of a scenario; prompts from seed (None: fresh ones, so no repeat hits a cache an earlier
+    repeat or trial warmed)."""
     return LoadConfig(base_url=base_url, num_prompts=scenario.num_prompts, max_concurrency=scenario.max_concurrency,
                       request_rate=scenario.request_rate, burstiness=scenario.burstiness,
                       dataset_name=scenario.dataset_name, dataset_path=scenario.dataset_path,
                       random_input_len=scenario.random_input_len, random_output_len=scenario.random_output_len,
                       length_dist=scenario.length_dist, random_range_ratio=scenario.random_range_ratio,
-                      goodput_ms=dict(scenario.goodput_ms), repeats=1, seed=repeat, progress=False)
+                      goodput_ms=dict(scenario.goodput_ms), repeats=1, seed=seed, progress=False)
 
 
-def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], repeat: int,
+def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], seed: int,
                        block: int | None = None) -> dict[str, Run]:
     """One repeat of a scenario against every target at once, twin requests back to back (probes/load_pairs);
-    block: requests per interleaved block (default: one per concurrency slot)."""
-    configs = {name: loadgen_config(scenario, url, repeat) for name, url in base_urls.items()}
+    seed orders the blocks; block: requests per interleaved block (default: one per concurrency slot). Every
+    side gets the same prompts, fresh for this call: a server kept across trials (the baseline) never sees
+    them twice, so neither side is served from a cache an earlier repeat warmed."""
+    prompts = fresh_seed()
+    configs = {name: loadgen_config(scenario, url, prompts) for name, url in base_urls.items()}
     models = {name: discover_model(config) for name, config in configs.items()}
-    runs = run_interleaved_sync(configs, models, seed=repeat, block=block)
+    runs = run_interleaved_sync(configs, models, seed=prompts, block=block, order_seed=seed)
     return {name: Run(run.records, run.duration_s, dict(scenario.goodput_ms) or None) for name, run in runs.items()}
 
 
@@ -53,7 +57,7 @@ def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,
         if todo:
             with launched(spec.target, knobs, ledger, run_id, "target") as target:
                 for scenario, repeat in todo:
-                    feedback = run_loadgen(loadgen_config(scenario, target.base_url, repeat))
+                    feedback = run_loadgen(loadgen_config(scenario, target.base_url))
                     target.check_alive()
                     ledger.record_probe(run_id, f"{scenario.name}/{repeat}", feedback.to_dict(), experiment,
                                         [(e.path, e.description) for e in feedback.evidence])

@@ -98,7 +98,8 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
             text = (await _read_body(reader, headers)).decode(errors="replace")
             reusable = headers.get("connection") != "close"
             raise HTTPError(f"HTTP {status}: {text[:300]}")
-        last, first_chunk = start, False
+        last = last_token = start
+        first_chunk = False
         async for event in _sse_events(reader, headers):  # read to the end so the connection can be reused
             now = clock()
             if event == "[DONE]":
@@ -107,14 +108,17 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
             if "error" in data:
                 raise HTTPError(f"stream error: {data['error']}")
             choices = data.get("choices")
-            if choices:  # as vLLM: any chunk with choices is a token event, even with empty text
-                if not first_chunk:
-                    first_chunk, record.ttft_s = True, now - start
-                else:
-                    record.itl_s.append(now - last)
-                last = now
-                text = choices[0].get("text")
-                piece = text if text is not None else (choices[0].get("delta") or {}).get("content") or ""
+            if choices:
+                choice = choices[0]
+                text = choice.get("text")
+                piece = text if text is not None else (choice.get("delta") or {}).get("content") or ""
+                if piece or choice.get("token_ids"):  # a token event; a chunk with only a role or a
+                    if not first_chunk:                # finish_reason carries no token and is no gap
+                        first_chunk, record.ttft_s = True, now - start
+                    else:
+                        record.itl_s.append(now - last_token)
+                    last_token = now
+                last = now  # the latency runs to the last chunk with choices, as vLLM's
                 output.update(piece.encode())
                 if on_text is not None:
                     on_text(piece)

@@ -4,15 +4,21 @@ Requests stream; warm-up requests are sent first and excluded from the metrics (
 flagged). Metrics follow vLLM `bench serve` (analysis/serving_metrics.py), per phase and per prompt-length
 bucket. --repeats N runs the whole benchmark N times and reports each metric's median across runs with a
 bootstrap CI. The JSON result keeps every raw per-request record.
+
+Every run draws fresh prompts (a seed of its own, kept in the result) unless --seed is given, so a second
+run is not served from the first one's prefix cache. Where the server exposes prefix-cache counters (ours,
+vLLM), they are read before and after each run, and a run served from the cache beyond what its own prompts
+share is flagged (load_cache.py).
 """
 from __future__ import annotations
 
 import asyncio
 import gc
 import math
+import secrets
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
 import httpx
@@ -24,6 +30,7 @@ from infragent.probes.artifacts import save_json
 from infragent.probes.budget import over_budget
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.load_arrivals import arrival_times
+from infragent.probes.load_cache import CacheCheck, cache_check, read_counters
 from infragent.probes.load_client import ConnectionPool, now_clock, stream_request
 from infragent.probes.load_datasets import RequestSpec, file_requests, random_requests, sharegpt_requests
 
@@ -55,7 +62,7 @@ class LoadConfig:
     goodput_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"ttft": 500, "tpot": 50}
     warmup: int = 2
     repeats: int = 1
-    seed: int = 0
+    seed: int | None = None  # None: a fresh seed per invocation (kept in the result); give one to reproduce
     api_key: str | None = None
     progress: bool = True
     budget_s: float | None = None  # most seconds for all repeats, warm-up included; then stop and say so
@@ -70,6 +77,7 @@ class LoadRun:
     metrics: ServingMetrics
     buckets: dict[str, ServingMetrics]
     stopped: bool = False  # the budget ended it: requests not done by then are not in the records
+    cache: CacheCheck | None = None  # the server's prefix-cache use during the run, where it exposes counters
 
 
 def build_requests(config: LoadConfig, n: int, seed: int) -> list[RequestSpec]:
@@ -125,8 +133,10 @@ def discover_model(config: LoadConfig) -> str:
 
 async def run_once(config: LoadConfig, model: str, seed: int, budget_s: float | None = None) -> LoadRun:
     """Warm up, then send num_prompts requests on the arrival schedule under the concurrency limit; at
-    budget_s (warm-up included) send no more and cancel what is in flight."""
+    budget_s (warm-up included) send no more and cancel what is in flight. The server's prefix-cache
+    counters, where it has them, are read before and after."""
     specs = build_requests(config, config.num_prompts, seed)
+    before = read_counters(config.base_url, config.api_key)
     pool = ConnectionPool(config.base_url, config.api_key)
     clock = now_clock()
     until = None if budget_s is None else clock() + budget_s
@@ -139,6 +149,7 @@ async def run_once(config: LoadConfig, model: str, seed: int, budget_s: float | 
     records.extend(measured)
     run = finish_run(config, records, duration)
     run.stopped = len(measured) < len(specs)
+    run.cache = cache_check(before, read_counters(config.base_url, config.api_key), [s.prompt for s in specs])
     return run
 
 
@@ -226,6 +237,8 @@ def progress_bar(config: LoadConfig, total: int) -> Iterator[Callable[[], None]]
 def run_loadgen(config: LoadConfig) -> Feedback:
     """Run the benchmark config.repeats times and return the Feedback (raw records in the evidence file)."""
     model = discover_model(config)
+    if config.seed is None:
+        config = replace(config, seed=fresh_seed())
     start = time.monotonic()
     runs: list[LoadRun] = []
     for r in range(config.repeats):
@@ -245,6 +258,11 @@ def run_loadgen(config: LoadConfig) -> Feedback:
 
 SUMMARY = (("request_throughput", "req/s"), ("output_throughput", "tok/s"), ("total_token_throughput", "tok/s"))
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+
+def fresh_seed() -> int:
+    """A seed no earlier run used (in all likelihood): 48 random bits."""
+    return secrets.randbits(48)
 
 
 def to_feedback(config: LoadConfig, model: str, runs: list[LoadRun]) -> Feedback:
@@ -270,13 +288,21 @@ def to_feedback(config: LoadConfig, model: str, runs: list[LoadRun]) -> Feedback
     finding = (f"{m.completed} requests in {m.duration_s:.1f}s: {numbers['output_throughput'].value:.1f} output tok/s, "
                f"TTFT p99 {numbers['ttft_p99_ms'].value:.0f} ms, TPOT median {numbers['tpot_median_ms'].value:.1f} ms"
                + (f"; {failed} failed ({errors[0]})" if failed else ""))
+    cached = [r.cache for r in runs if r.cache is not None and r.cache.flagged]
+    if cached:
+        worst = max(cached, key=lambda c: c.hit_rate)
+        verdict = "inconclusive" if verdict == "pass" else verdict
+        finding += (f"; WARNING: {len(cached)} of {len(runs)} runs were served from the prefix cache (hit rate "
+                    f"{worst.hit_rate:.0%} where the prompts share {worst.implied:.0%}): earlier requests warmed "
+                    "it, so these latencies are not a fresh workload's; run without --seed (fresh prompts)")
     result = {"config": asdict(config), "model": model,
               "runs": [{"duration_s": r.duration_s, "metrics": asdict(r.metrics), "phases": r.metrics.phases(),
+                        "prefix_cache": r.cache.to_dict() if r.cache is not None else None,
                         "buckets": {b: {"metrics": asdict(bm), "phases": bm.phases()} for b, bm in r.buckets.items()},
                         "records": [asdict(rec) for rec in r.records]} for r in runs]}
     evidence = save_json("loadgen", result, "config, per-run metrics by phase and bucket, raw per-request records")
     return Feedback("loadgen", verdict, finding, numbers=numbers,
-                    locality={"base_url": config.base_url, "model": model, "endpoint": config.endpoint,
+                    locality={"base_url": config.base_url, "model": model, "endpoint": config.endpoint, "seed": config.seed,
                               "dataset": config.dataset_name, "request_rate": config.request_rate,
                               "max_concurrency": config.max_concurrency or "unlimited"},
                     evidence=[evidence],

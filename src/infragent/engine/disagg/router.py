@@ -30,7 +30,7 @@ from infragent.engine.disagg.tcp_store import StoreServer
 from infragent.engine.disagg.worker import run_worker
 from infragent.engine.gguf_weights import read_gguf
 from infragent.engine.llm_engine import make_sequence
-from infragent.engine.sampling import SamplingParams
+from infragent.engine.sampling import RequestError, SamplingParams
 from infragent.engine.server.async_engine import QueueFull, RequestStream
 from infragent.engine.server.metrics import ServerMetrics
 from infragent.engine.tokenizer import Tokenizer
@@ -163,6 +163,9 @@ class DisaggEngine:
                                 f"retry later")
             self._not_started += 1
         try:
+            if params.logprobs is not None or params.prompt_top_logprobs is not None:
+                raise RequestError("logprobs: not served by the disaggregated router yet (the first token is "
+                                   "sampled in a prefill worker); leave it out or serve without --disagg")
             seq = make_sequence(self.tokenizer, self.vocab_size, self.max_model_len, prompt, params,
                                 request_id or f"disagg-{next(self._ids)}")
         except Exception:

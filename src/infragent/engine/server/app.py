@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -16,11 +15,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from infragent.engine.disagg.router import DisaggEngine
 from infragent.engine.sampling import RequestError
 from infragent.engine.server.async_engine import AsyncEngine, QueueFull, RequestStream
-from infragent.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, chunk_body,
-                                              completion_body, error_body, new_id, usage)
+from infragent.engine.server.body_limit import BodyLimit
+from infragent.engine.server.protocol import ChatCompletionRequest, CompletionRequest, error_body, new_id
+from infragent.engine.server.responder import EngineUnavailable, Responder
 
 log = logging.getLogger("infragent.server")
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_REQUEST_BYTES = 4 * 1024 * 1024  # a larger body is answered 413
 
 
 class APIError(Exception):
@@ -33,7 +34,8 @@ class APIError(Exception):
         self.headers = headers
 
 
-def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str | None = None,
+              max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     """The FastAPI app around a (not yet started) AsyncEngine; the app's lifespan starts and stops it."""
 
     @asynccontextmanager
@@ -44,6 +46,9 @@ def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str 
 
     app = FastAPI(title="infragent", lifespan=lifespan)
     metrics = engine.metrics
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, on_refused=lambda: metrics.refused("invalid"))
+    responder = Responder(engine, model_name, metrics)
+    max_prompt_chars = engine.max_model_len * engine.tokenizer.max_token_chars
 
     async def authorize(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -71,7 +76,9 @@ def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str 
     async def _unexpected(_: Request, err: Exception) -> JSONResponse:
         log.exception("unhandled error")
         metrics.refused("error")
-        return JSONResponse(error_body(f"internal error: {type(err).__name__}", "server_error"), 500)
+        # the app re-raises after this answer, and the server then drops the connection: say so first
+        return JSONResponse(error_body(f"internal error: {type(err).__name__}", "server_error"), 500,
+                            headers={"Connection": "close"})
 
     @app.get("/health")
     async def health() -> Response:
@@ -86,28 +93,57 @@ def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str 
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "infragent", "max_model_len": engine.max_model_len}]}
 
+    def served(body: Any) -> None:
+        if body.model is not None and body.model != model_name:
+            raise APIError(404, f"model: {body.model!r} is not served here; this server serves {model_name!r} "
+                                "(GET /v1/models lists it)", param="model", code="model_not_found",
+                           kind="NotFoundError")
+
+    def fits(chars: int, field: str) -> None:
+        if chars > max_prompt_chars:  # cheap, before tokenizing: no token covers more characters than this
+            raise APIError(400, f"{field}: {chars} characters cannot fit the context of {engine.max_model_len} "
+                                f"tokens (one token covers at most {engine.tokenizer.max_token_chars}); "
+                                "shorten it", param=field)
+
     @app.post("/v1/completions", dependencies=[Depends(authorize)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        served(body)
         try:
             prompt = body.single_prompt()
         except ValueError as err:
             raise APIError(400, str(err), param="prompt") from None
-        return await _generate(request, body, prompt, chat=False, default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS)
+        fits(len(prompt), "prompt")
+        return await _generate(request, body, lambda: prompt, chat=False,
+                               default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        served(body)
         try:
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ValueError as err:
             raise APIError(400, str(err), param="messages") from None
-        return await _generate(request, body, prompt, chat=True, default_max_tokens=engine.max_model_len)
+        fits(sum(len(m["content"]) for m in messages), "messages")
 
-    async def _generate(request: Request, body: Any, prompt: str | list[int], chat: bool,
-                        default_max_tokens: int) -> Response:
+        def render() -> str:
+            try:
+                return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            except ValueError as err:
+                raise RequestError(f"messages: {err}") from None
+        return await _generate(request, body, render, chat=True, default_max_tokens=None)
+
+    async def _generate(request: Request, body: Any, prompt_of: Any, chat: bool,
+                        default_max_tokens: int | None) -> Response:
         params = body.sampling_params(default_max_tokens)
+        if body.n > 1 and not hasattr(engine, "submit_choices"):
+            raise APIError(400, "n: more than one choice is not served by the disaggregated router yet", param="n")
+
+        def submit() -> list[RequestStream]:  # templating and tokenizing off the event loop: streams go on
+            if body.n > 1:
+                return engine.submit_choices(prompt_of(), params, body.n)
+            return [engine.submit(prompt_of(), params)]
         try:
-            stream = engine.submit(prompt, params)
+            streams = await asyncio.to_thread(submit)
         except RequestError as err:
             raise APIError(400, str(err), param=str(err).split(":", 1)[0]) from None
         except QueueFull as err:
@@ -115,61 +151,13 @@ def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str 
                            headers={"Retry-After": "1"}) from None
         rid = new_id("chatcmpl" if chat else "cmpl")
         if body.stream:
-            return StreamingResponse(_sse(stream, rid, chat, body.include_usage), media_type="text/event-stream")
-        return await _whole(request, stream, rid, chat)
-
-    async def _whole(request: Request, stream: RequestStream, rid: str, chat: bool) -> Response:
-        result = asyncio.ensure_future(stream.collect())
-        gone = asyncio.ensure_future(_disconnected(request))
+            return StreamingResponse(responder.sse(streams, rid, chat, body), media_type="text/event-stream")
         try:
-            await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not result.done():  # client left (or the server is shutting down): stop the work
-                engine.abort(stream)
-                result.cancel()
-            gone.cancel()
-        if not result.done() or result.cancelled():
-            return Response(status_code=499)
-        out = result.result()
-        if out.error is not None:
-            raise APIError(503, out.error, kind="server_error", code="engine_unavailable")
-        used = usage(stream.prompt_tokens, out.completion_tokens)
-        metrics.delivered(out.finish_reason or "stop", stream.prompt_tokens, out.completion_tokens)
-        return JSONResponse(completion_body(rid, model_name, out.text, out.finish_reason, used, chat))
-
-    async def _sse(stream: RequestStream, rid: str, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-        try:
-            first = True
-            async for delta in stream.deltas():
-                if delta.error is not None:
-                    yield _event(error_body(delta.error, "server_error"))
-                    break
-                if delta.text or first:
-                    yield _event(chunk_body(rid, model_name, delta.text, None, chat, first=first))
-                    first = False
-                if delta.finish_reason is not None:
-                    yield _event(chunk_body(rid, model_name, None if chat else "", delta.finish_reason, chat))
-                    if include_usage:
-                        yield _event(chunk_body(rid, model_name, None, None, chat,
-                                                used=usage(stream.prompt_tokens, delta.completion_tokens)))
-                    metrics.delivered(delta.finish_reason, stream.prompt_tokens, delta.completion_tokens)
-            yield "data: [DONE]\n\n"
-        finally:
-            engine.abort(stream)  # no-op when finished; a disconnect cancels us mid-stream
+            return await responder.whole(request, streams, rid, chat, body)
+        except EngineUnavailable as err:
+            raise APIError(503, str(err), kind="server_error", code="engine_unavailable") from None
 
     return app
-
-
-def _event(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client closes the connection (the body was already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _describe_validation(err: RequestValidationError) -> tuple[str, str | None]:
@@ -178,5 +166,8 @@ def _describe_validation(err: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return f"request body is not valid JSON: {first.get('msg', '')}; send a JSON object", None
-    field = ".".join(loc) or "body"
-    return f"{field}: {first.get('msg', 'invalid value')}", field
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if not loc:  # a check over the whole body names its field at the start of its message
+        return message, message.split(":", 1)[0].split(" ", 1)[0] if ":" in message else None
+    field = ".".join(loc)
+    return f"{field}: {message}", field

@@ -50,11 +50,13 @@ class RequestStream:
 
     async def collect(self) -> Delta:
         """All output as one Delta (text joined, last finish_reason)."""
-        parts = []
+        parts, logprobs = [], []
         async for delta in self.deltas():
             parts.append(delta.text)
+            logprobs += delta.logprobs or []
             if delta.finish_reason is not None or delta.error is not None:
-                return Delta("".join(parts), delta.completion_tokens, delta.finish_reason, delta.error)
+                return Delta("".join(parts), delta.completion_tokens, delta.finish_reason, delta.error,
+                             logprobs if self.seq.params.logprobs is not None else None)
         raise RuntimeError("stream ended without a finishing delta")
 
 
@@ -65,7 +67,7 @@ class AsyncEngine:
         self.engine = LLMEngine(config)
         self.max_waiting = max_waiting
         self.metrics = metrics or ServerMetrics()
-        self._inbox: queue.SimpleQueue[tuple[str, RequestStream]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[str, list[RequestStream]]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -103,6 +105,11 @@ class AsyncEngine:
 
     def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str = "") -> RequestStream:
         """Validate and queue a request (RequestError names a bad field; QueueFull means answer 429)."""
+        return self.submit_choices(prompt, params, 1, request_id)[0]
+
+    def submit_choices(self, prompt: str | list[int], params: SamplingParams, n: int,
+                       request_id: str = "") -> list[RequestStream]:
+        """submit() with n choices sampled from one prefill of the prompt (seeds seed, seed + 1, ...)."""
         with self._lock:
             if self._pending_adds + self._waiting >= self.max_waiting:
                 raise QueueFull(f"{self._pending_adds + self._waiting} requests are waiting "
@@ -110,19 +117,19 @@ class AsyncEngine:
             self._pending_adds += 1
         try:
             seq = self.engine.make_sequence(prompt, params, request_id)
+            streams = [RequestStream(s) for s in [seq, *self.engine.fork(seq, n)]]
         except Exception:
             with self._lock:
                 self._pending_adds -= 1
             raise
-        stream = RequestStream(seq)
-        self._inbox.put(("add", stream))
+        self._inbox.put(("add", streams))
         self._wake.set()
-        return stream
+        return streams
 
     def abort(self, stream: RequestStream) -> None:
         """Ask the engine thread to drop the request and free its blocks and slot."""
         if not stream.finished:
-            self._inbox.put(("abort", stream))
+            self._inbox.put(("abort", [stream]))
             self._wake.set()
 
     def _run(self) -> None:
@@ -146,16 +153,18 @@ class AsyncEngine:
         drained = False
         while True:
             try:
-                kind, stream = self._inbox.get_nowait()
+                kind, streams = self._inbox.get_nowait()
             except queue.Empty:
                 break
             drained = True
             if kind == "add":
                 with self._lock:
                     self._pending_adds -= 1
-                self.engine.add_sequence(stream.seq)
-                self._streams[stream.seq.seq_id] = stream
-            elif stream.seq.seq_id in self._streams:
+                self.engine.add_sequence(streams[0].seq)  # the first choice; the others are its forks
+                self._streams.update((s.seq.seq_id, s) for s in streams)
+                continue
+            stream = streams[0]
+            if stream.seq.seq_id in self._streams:
                 self.engine.abort(stream.seq)
                 del self._streams[stream.seq.seq_id]
                 self.metrics.aborted(stream.prompt_tokens, len(stream.seq.output_token_ids))
@@ -171,6 +180,7 @@ class AsyncEngine:
                 continue
             if stream._last_token_time is None:
                 self.metrics.ttft.observe(now - seq.arrival_time)
+                self.metrics.prefilled(len(seq.prompt_token_ids), seq.num_cached_tokens)
             else:
                 self.metrics.itl.observe(now - stream._last_token_time)
             stream._last_token_time = now
@@ -178,7 +188,7 @@ class AsyncEngine:
             delta = stream.cursor.next_delta(finished)
             if finished:
                 del self._streams[seq.seq_id]
-            if delta.text or finished:
+            if delta.text or delta.logprobs or finished:
                 posts.append((stream.queue, delta))
         if posts:
             self._post(posts)
@@ -216,4 +226,4 @@ class AsyncEngine:
             kv_blocks_used=engine.blocks.num_blocks - engine.blocks.num_free_blocks,
             kv_blocks_total=engine.blocks.num_blocks,
             state_slots_used=(slots.num_slots - len(slots.free)) if slots else 0,
-            state_slots_total=slots.num_slots if slots else 0)
+            state_slots_total=slots.num_slots if slots else 0, prompt_tokens_computed=engine.prompt_tokens_computed)

@@ -11,6 +11,7 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
+        self._computed_seen = 0
         self.requests = Counter("infragent:requests", "Requests by final status "
                                 "(stop, length, abort, error, rejected = 429, invalid = other 4xx).",
                                 ["status"], registry=registry)
@@ -31,6 +32,14 @@ class ServerMetrics:
                                        registry=registry)
         self.ttft = Histogram("infragent:time_to_first_token_seconds", "Arrival to first generated token.",
                               buckets=LATENCY_BUCKETS, registry=registry)
+        self.prefix_cache_queries = Counter("infragent:prefix_cache_queries", "Prompt tokens of requests that "
+                                            "started generating (as vLLM's prefix_cache_queries).",
+                                            registry=registry)
+        self.prefix_cache_hits = Counter("infragent:prefix_cache_hits", "Of those, tokens served from the "
+                                         "prefix cache (not computed).", registry=registry)
+        self.prompt_tokens_computed = Counter("infragent:prompt_tokens_computed", "Prompt positions run through "
+                                              "the model (a prefix-cache hit, or the other choices of an n > 1 "
+                                              "request, compute none).", registry=registry)
         self.itl = Histogram("infragent:inter_token_latency_seconds", "Time between consecutive tokens of a "
                              "request.", buckets=LATENCY_BUCKETS, registry=registry)
 
@@ -48,6 +57,11 @@ class ServerMetrics:
         self.prompt_tokens.labels(outcome="delivered").inc(prompt_tokens)
         self.generation_tokens.labels(outcome="delivered").inc(completion_tokens)
 
+    def prefilled(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request's prompt is done (its first token came): how much of it the prefix cache served."""
+        self.prefix_cache_queries.inc(prompt_tokens)
+        self.prefix_cache_hits.inc(cached_tokens)
+
     def aborted(self, prompt_tokens: int, completion_tokens: int) -> None:
         """A request dropped before it finished (client gone, or shutdown)."""
         self.requests.labels(status="abort").inc()
@@ -59,8 +73,11 @@ class ServerMetrics:
         self.requests.labels(status=status).inc()
 
     def set_state(self, running: int, waiting: int, kv_blocks_used: int, kv_blocks_total: int,
-                  state_slots_used: int, state_slots_total: int) -> None:
-        """Update the gauges (called by the engine thread after each step)."""
+                  state_slots_used: int, state_slots_total: int, prompt_tokens_computed: int = 0) -> None:
+        """Update the gauges and the computed-prompt counter to its running total (called by the engine
+        thread after each step)."""
+        self.prompt_tokens_computed.inc(max(0, prompt_tokens_computed - self._computed_seen))
+        self._computed_seen = max(self._computed_seen, prompt_tokens_computed)
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_blocks_used.set(kv_blocks_used)
