@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,22 @@ class Tokenizer:
         if self._max_token_chars is None:
             self._max_token_chars = max(len(self.token_bytes(i)) for i in range(len(self._tokens)))
         return self._max_token_chars
+
+    def save_hf(self, directory: str | Path) -> Path:
+        """Write this tokenizer as a Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json),
+        for outside tools that load one by path (transformers' AutoTokenizer, guidellm's --processor)."""
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(folder / "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1 << 30,
+                  "add_bos_token": self.add_bos_token}
+        for name, token_id in (("bos_token", self._bos), ("eos_token", self._eos)):
+            if token_id is not None:
+                config[name] = self._tokens[token_id]
+        if self.chat_template:
+            config["chat_template"] = self.chat_template
+        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+        return folder
 
     # ---- encode / decode ----------------------------------------------------------------
     def encode(self, text: str, add_bos: bool = False) -> list[int]:

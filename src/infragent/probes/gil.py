@@ -125,8 +125,11 @@ def _run(cmd: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, st
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.kill(states.child() or proc.pid, signal.SIGINT)  # the workload's process: py-spy then ends too
+            workload = states.child() or proc.pid
             try:
+                if workload == proc.pid and Path(cmd[0]).name == "py-spy":
+                    raise  # py-spy has not started the workload yet: nothing to keep
+                os.kill(workload, signal.SIGINT)  # the workload's process: py-spy then ends too
                 output, _ = proc.communicate(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -327,8 +330,8 @@ def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms
         return Feedback("gil", "inconclusive", str(err), details={"traceback": err.traceback},
                         next_probes=[f"run {workload_name} directly to check that it works"])
     except subprocess.TimeoutExpired:
-        return Feedback("gil", "inconclusive", f"inconclusive: budget: workload {workload_name} gave nothing in "
-                        f"{timeout_s:g} s (interrupted before it started, or it did not stop when interrupted)",
+        return Feedback("gil", "inconclusive", f"inconclusive: budget: workload {workload_name} gave nothing within "
+                        f"budget_s={timeout_s:g} (stopped before it started, or it did not stop when interrupted)",
                         next_probes=["make the workload shorter (a few seconds is enough)"])
     feedback = _judge(workload_name, rec, threshold, out_dir)
     meta = Trace.load(rec.trace_path).meta

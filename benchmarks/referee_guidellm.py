@@ -1,0 +1,144 @@
+"""The outside referee: guidellm (0.8.1, not written here) and `infragent loadgen` against the same server,
+in interleaved runs, their metric definitions mapped onto each other.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/referee_guidellm.py [--pairs 4] [--requests 12] [--json out.json]
+
+guidellm runs from its own virtual environment (.infragent/guidellm-venv, made on first use: torch 2.13.0
+CPU first, then guidellm), with this project's tokenizer handed to it as a Hugging Face tokenizer folder
+written from the GGUF (Tokenizer.save_hf). Both send the same workload to one real-model server
+(`infragent serve --model llama --threads 2`): one request at a time, `--input` prompt tokens, `--output`
+output tokens with ignore_eos, streamed from /v1/completions. Each pair runs both tools in a random order.
+
+Mapping (per request, then the mean over requests): guidellm's time_to_first_token_ms is loadgen's TTFT;
+guidellm's inter_token_latency_ms, (last token - first token) / (output - 1), is loadgen's (and vLLM's)
+TPOT; guidellm's time_per_output_token_ms includes the TTFT and has no loadgen counterpart. Reported: the
+per-pair ratios guidellm/loadgen of the TTFT mean and the TPOT mean, with a 95% t interval of their
+geometric mean; the must-show is agreement within 5%.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from disagg_serving import start  # benchmarks/: the real-model server on a free port
+from infragent.analysis.stats import t_interval
+from infragent.engine.tokenizer import Tokenizer
+from infragent.probes.loadgen import LoadConfig, run_loadgen
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".infragent" / "guidellm-venv"
+GUIDELLM = "guidellm==0.8.1"
+
+
+def guidellm_exe() -> Path:
+    """guidellm's command, installed into its own venv the first time (torch pinned first: an unpinned one
+    would pull a multi-GB CUDA build)."""
+    exe = VENV / "bin" / "guidellm"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
+        subprocess.run(pip + ["--upgrade", "pip"], check=True)
+        subprocess.run(pip + ["torch==2.13.0"], check=True)
+        subprocess.run(pip + [GUIDELLM], check=True)
+    return exe
+
+
+def run_guidellm(exe: Path, url: str, tokenizer: Path, args: argparse.Namespace, out: Path) -> dict[str, float]:
+    """One guidellm run: synchronous requests; the means of its per-request TTFT and ITL (ms)."""
+    scenario = {"spec": {
+        "backend": {"kind": "openai_http", "target": url, "model": "llama", "request_format": "/v1/completions"},
+        "profile": {"kind": "concurrent", "streams": [1]},
+        "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
+        "data": [{"kind": "synthetic_text", "prompt_tokens": args.input, "output_tokens": args.output}],
+        "constraints": [{"kind": "max_requests", "count": args.requests}],
+        "outputs": [{"kind": "json", "path": str(out)}]}}
+    path = out.with_suffix(".scenario.json")
+    path.write_text(json.dumps(scenario))
+    done = subprocess.run([str(exe), "run", "--scenario", str(path), "--disable-console-interactive"],
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"guidellm failed ({done.returncode}): {done.stderr[-2000:] or done.stdout[-2000:]}")
+    rows = list(_request_stats(json.loads(out.read_text())))
+    if not rows:
+        raise RuntimeError(f"guidellm's {out} holds no per-request stats")
+    return {"ttft_ms": float(np.mean([r["time_to_first_token_ms"] for r in rows])),
+            "tpot_ms": float(np.mean([r["inter_token_latency_ms"] for r in rows])), "requests": len(rows)}
+
+
+def _request_stats(node: object):  # noqa: ANN202 - generator of per-request dicts
+    """Every successful request's stats in guidellm's report: dicts with numeric TTFT and ITL."""
+    if isinstance(node, dict):
+        ttft, itl = node.get("time_to_first_token_ms"), node.get("inter_token_latency_ms")
+        if isinstance(ttft, (int, float)) and isinstance(itl, (int, float)):
+            yield node
+            return
+        for key, value in node.items():
+            if key not in ("errored", "incomplete"):
+                yield from _request_stats(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _request_stats(item)
+
+
+def run_loadgen_once(url: str, args: argparse.Namespace) -> dict[str, float]:
+    """One loadgen run with the same workload; the means of its per-request TTFT and TPOT (ms)."""
+    feedback = run_loadgen(LoadConfig(base_url=url, model="llama", num_prompts=args.requests, max_concurrency=1,
+                                      random_input_len=args.input, random_output_len=args.output, warmup=1,
+                                      progress=False))
+    records = [r for r in json.loads(Path(feedback.evidence[0].path).read_text())["runs"][0]["records"]
+               if r["success"] and not r["warmup"]]
+    return {"ttft_ms": 1e3 * float(np.mean([r["ttft_s"] for r in records])),
+            "tpot_ms": 1e3 * float(np.mean([(r["latency_s"] - r["ttft_s"]) / (r["output_tokens"] - 1)
+                                            for r in records])), "requests": len(records)}
+
+
+def main() -> None:
+    """Interleave the two tools; print each pair and the ratios with their intervals."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--input", type=int, default=128)
+    parser.add_argument("--output", type=int, default=32)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    exe = guidellm_exe()
+    work = Path(tempfile.mkdtemp(prefix="referee-"))
+    tokenizer = Tokenizer.from_gguf().save_hf(work / "tokenizer")
+    proc, url = start(["--threads", "2"])
+    order = random.Random(0)
+    pairs = []
+    try:
+        run_loadgen_once(url, argparse.Namespace(**{**vars(args), "requests": 2}))  # warm the server
+        for k in range(args.pairs):
+            pair = {}
+            for tool in order.sample(["guidellm", "loadgen"], 2):
+                pair[tool] = (run_guidellm(exe, url, tokenizer, args, work / f"guidellm-{k}.json")
+                              if tool == "guidellm" else run_loadgen_once(url, args))
+            pairs.append(pair)
+            print(f"pair {k}: guidellm TTFT {pair['guidellm']['ttft_ms']:.1f} ms, ITL {pair['guidellm']['tpot_ms']:.2f} "
+                  f"ms | loadgen TTFT {pair['loadgen']['ttft_ms']:.1f} ms, TPOT {pair['loadgen']['tpot_ms']:.2f} ms",
+                  flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    summary = {}
+    for metric in ("ttft_ms", "tpot_ms"):
+        logs = [math.log(p["guidellm"][metric] / p["loadgen"][metric]) for p in pairs]
+        lo, hi = t_interval(logs) or (math.nan, math.nan)
+        summary[metric] = {"ratio": math.exp(float(np.mean(logs))), "ci": [math.exp(lo), math.exp(hi)]}
+        print(f"{metric.removesuffix('_ms').upper()} mean, guidellm/loadgen: x{summary[metric]['ratio']:.3f} "
+              f"[{summary[metric]['ci'][0]:.3f}, {summary[metric]['ci'][1]:.3f}] over {len(pairs)} pairs")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "pairs": pairs, "args": vars(args)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
