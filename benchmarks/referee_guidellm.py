@@ -6,26 +6,31 @@ in interleaved runs, their metric definitions mapped onto each other.
 guidellm runs from its own virtual environment (.infragent/guidellm-venv, made on first use: torch 2.13.0
 CPU first, then guidellm), with this project's tokenizer handed to it as a Hugging Face tokenizer folder
 written from the GGUF (Tokenizer.save_hf). Both send the same workload to one real-model server
-(`infragent serve --model llama --threads 2`): one request at a time, `--input` prompt tokens, `--output`
+(`infragent serve --model llama --threads 1`, pinned to core 0; both tools run on core 1): one request at a time, `--input` prompt tokens, `--output`
 output tokens with ignore_eos, streamed from /v1/completions. Each pair runs both tools in a random order.
 
 Mapping (per request, then the mean over requests): guidellm's time_to_first_token_ms is loadgen's TTFT;
 guidellm's inter_token_latency_ms, (last token - first token) / (output - 1), is loadgen's (and vLLM's)
 TPOT; guidellm's time_per_output_token_ms includes the TTFT and has no loadgen counterpart. Reported: the
 per-pair ratios guidellm/loadgen of the TTFT mean and the TPOT mean, with a 95% t interval of their
-geometric mean; the must-show is agreement within 5%.
+geometric mean; the must-show is agreement within 5%. The server's own means over each tool's run (its
+/metrics TTFT and inter-token histograms' sum/count) referee both: a tool/server ratio near 1 means the
+tool measured what the server did, and a difference between the tools is then the server's (each tool's
+own CPU use on 2 cores slows the server a little).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from disagg_serving import start  # benchmarks/: the real-model server on a free port
@@ -51,14 +56,38 @@ def guidellm_exe() -> Path:
     return exe
 
 
-def run_guidellm(exe: Path, url: str, tokenizer: Path, args: argparse.Namespace, out: Path) -> dict[str, float]:
-    """One guidellm run: synchronous requests; the means of its per-request TTFT and ITL (ms)."""
+def server_means(url: str) -> dict[str, float]:
+    """The server's TTFT and inter-token histograms' (sum, count), as read now."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        for name in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
+            for part in ("sum", "count"):
+                if line.startswith(f"infragent:{name}_{part} "):
+                    values[f"{name}_{part}"] = float(line.split()[-1])
+    return values
+
+
+def server_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The server's own TTFT and inter-token means (ms) over the requests between two readings."""
+    def mean(name: str) -> float:
+        count = after[f"{name}_count"] - before[f"{name}_count"]
+        return 1e3 * (after[f"{name}_sum"] - before[f"{name}_sum"]) / count if count else math.nan
+    return {"ttft_ms": mean("time_to_first_token_seconds"), "tpot_ms": mean("inter_token_latency_seconds")}
+
+
+def run_guidellm(exe: Path, url: str, tokenizer: Path, args: argparse.Namespace, out: Path,
+                 seed: int) -> dict[str, float]:
+    """One guidellm run: synchronous requests, prompts from seed (a fresh one per run: guidellm's default
+    seed repeats its prompts, and a second run is served from the prefix cache); the means of its
+    per-request TTFT and ITL (ms)."""
     scenario = {"spec": {
         "backend": {"kind": "openai_http", "target": url, "model": "llama", "request_format": "/v1/completions"},
         "profile": {"kind": "concurrent", "streams": [1]},
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
         "data": [{"kind": "synthetic_text", "prompt_tokens": args.input, "output_tokens": args.output}],
         "constraints": [{"kind": "max_requests", "count": args.requests}],
+        "seed": {"kind": "static", "value": seed},
         "outputs": [{"kind": "json", "path": str(out)}]}}
     path = out.with_suffix(".scenario.json")
     path.write_text(json.dumps(scenario))
@@ -112,7 +141,11 @@ def main() -> None:
     exe = guidellm_exe()
     work = Path(tempfile.mkdtemp(prefix="referee-"))
     tokenizer = Tokenizer.from_gguf().save_hf(work / "tokenizer")
-    proc, url = start(["--threads", "2"])
+    # The server on core 0, every client (this process, guidellm's processes) on core 1: a tool's own CPU
+    # use then cannot slow the server it measures (guidellm's is larger than loadgen's).
+    os.sched_setaffinity(0, {0})
+    proc, url = start(["--threads", "1"])
+    os.sched_setaffinity(0, {1})
     order = random.Random(0)
     pairs = []
     try:
@@ -120,8 +153,10 @@ def main() -> None:
         for k in range(args.pairs):
             pair = {}
             for tool in order.sample(["guidellm", "loadgen"], 2):
-                pair[tool] = (run_guidellm(exe, url, tokenizer, args, work / f"guidellm-{k}.json")
+                before = server_means(url)
+                pair[tool] = (run_guidellm(exe, url, tokenizer, args, work / f"guidellm-{k}.json", 1000 + k)
                               if tool == "guidellm" else run_loadgen_once(url, args))
+                pair[f"server during {tool}"] = server_view(before, server_means(url))
             pairs.append(pair)
             print(f"pair {k}: guidellm TTFT {pair['guidellm']['ttft_ms']:.1f} ms, ITL {pair['guidellm']['tpot_ms']:.2f} "
                   f"ms | loadgen TTFT {pair['loadgen']['ttft_ms']:.1f} ms, TPOT {pair['loadgen']['tpot_ms']:.2f} ms",
@@ -131,11 +166,15 @@ def main() -> None:
         proc.wait(30)
     summary = {}
     for metric in ("ttft_ms", "tpot_ms"):
-        logs = [math.log(p["guidellm"][metric] / p["loadgen"][metric]) for p in pairs]
-        lo, hi = t_interval(logs) or (math.nan, math.nan)
-        summary[metric] = {"ratio": math.exp(float(np.mean(logs))), "ci": [math.exp(lo), math.exp(hi)]}
-        print(f"{metric.removesuffix('_ms').upper()} mean, guidellm/loadgen: x{summary[metric]['ratio']:.3f} "
-              f"[{summary[metric]['ci'][0]:.3f}, {summary[metric]['ci'][1]:.3f}] over {len(pairs)} pairs")
+        for label, num, den in (("guidellm/loadgen", "guidellm", "loadgen"),
+                                ("guidellm/server", "guidellm", "server during guidellm"),
+                                ("loadgen/server", "loadgen", "server during loadgen")):
+            logs = [math.log(p[num][metric] / p[den][metric]) for p in pairs]
+            lo, hi = t_interval(logs) or (math.nan, math.nan)
+            summary[f"{metric} {label}"] = {"ratio": math.exp(float(np.mean(logs))), "ci": [math.exp(lo), math.exp(hi)]}
+            row = summary[f"{metric} {label}"]
+            print(f"{metric.removesuffix('_ms').upper()} mean, {label}: x{row['ratio']:.3f} "
+                  f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}] over {len(pairs)} pairs")
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "pairs": pairs, "args": vars(args)}, indent=1))
 
