@@ -72,7 +72,7 @@ def worker_death(requests: int) -> dict:
         streamed, results = threading.Event(), {}
 
         def ask(i: int) -> None:
-            body = {"model": "m", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 64, "ignore_eos": True,
+            body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 64, "ignore_eos": True,
                     "stream": True}
             text = ""
             try:
@@ -97,7 +97,7 @@ def worker_death(requests: int) -> dict:
         outcomes = [results.get(i, "hung") for i in range(requests)]
         named = sum(1 for i in range(requests) if outcomes[i] == "error" and f"pid {victim}" in results[i, "text"])
         health = httpx.get(f"{url}/health", timeout=5).status_code
-        after = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "Hi", "max_tokens": 8}, timeout=60)
+        after = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 8}, timeout=60)
         row = {"requests": requests, "ok": outcomes.count("ok"), "errors_naming_dead_worker": named,
                "other": requests - outcomes.count("ok") - named, "health_after": health,
                "request_after": after.status_code}

@@ -203,3 +203,18 @@ def test_a_stream_goes_on_while_another_client_sends_huge_prompts(server):
     assert [code for code, _ in answers] == [400] * 8
     assert max(took for _, took in answers) < 1.0
     assert max(gaps) < 0.5, (max(gaps), sorted(gaps)[len(gaps) // 2])
+
+
+def test_a_chunked_body_past_the_limit_gets_413_and_nulls_are_defaults(server):
+    def chunks():
+        yield b'{"prompt": "hi", "pad": "'
+        for _ in range(3):
+            yield b"x" * LIMIT
+        yield b'"}'
+    response = httpx.post(f"{server}/v1/completions", content=chunks(), timeout=30,
+                          headers={"content-type": "application/json"})  # no content-length: counted as it comes
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "logprobs": None, "top_logprobs": None}
+    assert httpx.post(f"{server}/v1/chat/completions", json=body, timeout=30).status_code == 200
+    assert httpx.post(f"{server}/v1/completions", json={"prompt": "hi", "max_tokens": 2, "echo": None},
+                      timeout=30).status_code == 200

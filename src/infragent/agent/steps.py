@@ -21,6 +21,7 @@ from infragent.lab.spec import QUALITY_METRICS, Scenario, Spec
 from infragent.lab.target import engine_config
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.loadgen import LoadConfig, discover_model
 
 CHECK_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Three things to pack for a hike:")
 
@@ -28,10 +29,11 @@ CHECK_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Three things 
 def check_outputs(baseline_url: str, candidate_url: str, max_tokens: int = 8) -> Feedback:
     """Greedy completions of fixed prompts, one at a time, must be identical on candidate and baseline."""
     mismatches = []
+    models = {url: discover_model(LoadConfig(base_url=url)) for url in (baseline_url, candidate_url)}
     for prompt in CHECK_PROMPTS:
         texts = []
         for url in (baseline_url, candidate_url):
-            body = {"model": "any", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+            body = {"model": models[url], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
             response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
             response.raise_for_status()
             texts.append(response.json()["choices"][0]["text"])

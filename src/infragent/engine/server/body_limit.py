@@ -18,10 +18,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     """Wrap an ASGI app: an HTTP request whose body exceeds max_bytes gets OpenAI's error body with 413."""
 
@@ -38,32 +34,41 @@ class BodyLimit:
             await self._refuse(receive, send, int(declared))
             return
         seen = 0
-        started = False
+        started = too_large = whole = False
 
         async def counted() -> dict[str, Any]:
-            nonlocal seen
+            nonlocal seen, too_large, whole
+            if too_large:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
+                whole = not message.get("more_body", False)
+                if seen > self.max_bytes:  # the app sees the client leave (an exception it raised would
+                    too_large = True       # become its own 400); the 413 goes out below
+                    return {"type": "http.disconnect"}
             return message
 
         async def watched(message: dict[str, Any]) -> None:
             nonlocal started
+            if too_large and not started:
+                return  # the app's answer to a body it never got whole: ours goes out instead
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, counted, watched)
-        except _TooLarge:
-            if started:
+        except Exception:
+            if not too_large:
                 raise
-            await self._refuse(receive, send, seen, more=True)
+        if too_large and not started:
+            await self._refuse(receive, send, seen, more=True, ended=whole)
 
-    async def _refuse(self, receive: Receive, send: Send, size: int, more: bool = False) -> None:
+    async def _refuse(self, receive: Receive, send: Send, size: int, more: bool = False,
+                      ended: bool = False) -> None:
+        """Drain what is left of the body (ended: nothing is), then answer 413."""
         self.on_refused()
-        drained, ended = 0, not more and size == 0
+        drained = 0
         while not ended and drained <= DRAIN_FACTOR * self.max_bytes:
             message = await receive()
             if message["type"] != "http.request":

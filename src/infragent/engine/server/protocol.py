@@ -133,7 +133,7 @@ class CompletionRequest(_GenerationRequest):
 
     prompt: Union[str, list[StrictInt], list[str], list[list[StrictInt]]]
     logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_LOGPROBS)  # legacy: alternatives per token
-    echo: StrictBool = False  # the prompt comes back before the completion (with logprobs: the prompt's too)
+    echo: Optional[StrictBool] = None  # the prompt comes back before the completion (with logprobs: its too)
 
     def token_logprobs(self) -> int | None:
         return self.logprobs
@@ -144,7 +144,7 @@ class CompletionRequest(_GenerationRequest):
     @property
     def scores_only(self) -> bool:
         """echo with max_tokens 0: the prompt's log-probabilities and no completion (loglikelihood scoring)."""
-        return self.echo and (self.max_tokens == 0 or self.max_completion_tokens == 0)
+        return bool(self.echo) and (self.max_tokens == 0 or self.max_completion_tokens == 0)
 
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
         params = super().sampling_params(default_max_tokens)
@@ -186,7 +186,7 @@ class ChatCompletionRequest(_GenerationRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: StrictBool = False
+    logprobs: Optional[StrictBool] = None
     top_logprobs: Optional[StrictInt] = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     @model_validator(mode="after")
