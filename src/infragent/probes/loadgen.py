@@ -146,6 +146,7 @@ async def run_once(config: LoadConfig, model: str, seed: int, budget_s: float | 
         measured, duration = await send_requests(config, model, pool, clock, list(enumerate(specs)), offsets, advance,
                                                  until)
     pool.close()
+    await asyncio.sleep(0)  # the closed connections' transports finish closing before asyncio.run ends the loop
     records.extend(measured)
     run = finish_run(config, records, duration)
     run.stopped = len(measured) < len(specs)

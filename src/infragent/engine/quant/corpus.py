@@ -33,11 +33,18 @@ def docstrings(split: str) -> tuple[str, ...]:
         path = root / name
         if not path.exists():
             raise CorpusError(f"{path}: missing; the held-out text is read from the standard library's sources")
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _parse(path.read_text(encoding="utf-8"))
         nodes = [tree] + [n for n in ast.walk(tree)
                           if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
         found += [doc for doc in (ast.get_docstring(n, clean=True) for n in nodes) if doc and len(doc) >= MIN_CHARS]
     return tuple(found)
+
+
+def _parse(source: str) -> ast.Module:
+    try:
+        return ast.parse(source)
+    except SystemError:  # CPython < 3.11.8 (gh-106905): a parse in another thread at the same moment (3.11's
+        return ast.parse(source)  # traceback carets parse too) corrupts a shared depth counter; it is spurious
 
 
 def token_windows(encode, split: str, window: int, count: int) -> list[list[int]]:
