@@ -173,22 +173,20 @@ class TargetProcess:
             raise TargetError(f"port {self.port} is in use before the launch (pid {squatter}); with "
                               "listener_check = false a launch is trusted only on a port that was free")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # Ctrl-C or SIGTERM inside Popen, after the fork, would orphan a process nobody knows of: signals wait
-        # until the process is known (self.proc) and recorded (on_launch); the caller then stops it.
-        with held_signals(), open(self.log_path, "ab") as log:
+        with open(self.log_path, "ab") as log:
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                              cwd=self.cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
             except (FileNotFoundError, PermissionError) as err:
                 raise TargetError(f"cannot launch the target: {self.argv[0]!r}: {err.strerror}; install it or fix "
                                   "[target] command in the spec") from None
-            self.started_at = time.time()
-            try:
-                if self.on_launch is not None:
-                    self.on_launch(self)
-            except BaseException:
-                self.stop()
-                raise
+        self.started_at = time.time()
+        try:
+            if self.on_launch is not None:
+                self.on_launch(self)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def ready(self) -> "TargetProcess":
