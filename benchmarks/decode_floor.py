@@ -19,7 +19,7 @@ from infragent.engine.sampling import SamplingParams
 def gemm_only_step(llm: LLM, x: torch.Tensor) -> None:
     """Apply every linear of the model (and the LM head) to x, in layer order."""
     model = llm.engine.model
-    inter = model.spec.intermediate_size
+    inter = model.shape.intermediate_size
     for _, mixer, _, mlp in model.layers:
         mixer.qkv(x)
         mixer.o(x)
@@ -54,7 +54,7 @@ def main() -> None:
     llm = LLM(model="llama", enable_prefix_caching=False, max_num_batched_tokens=4096)
     nbytes = llm.engine.model.nbytes()
     for batch in args.batch:
-        x = torch.randn(batch, llm.engine.spec.hidden_size)
+        x = torch.randn(batch, llm.engine.shape.hidden_size)
         gemm_only_step(llm, x)
         floor = []
         for _ in range(args.rounds):

@@ -50,15 +50,15 @@ class Prefiller:
         self.ids = 0
         if mode is None:
             return
-        spec, cache = self.engine.spec, self.engine.kv_cache
+        spec, cache = self.engine.shape, self.engine.kv_cache
         layout = StoreLayout(self.engine.blocks.num_blocks, cache.block_size, spec.num_attention_layers,
                              spec.num_kv_heads * spec.head_dim, 4)
         if store_kind == "shm":
             self.store = SharedStore(layout)
-            client = SharedStore(layout, name=self.store.spec[1])
+            client = SharedStore(layout, name=self.store.address[1])
         else:
             self.store = StoreServer(layout)
-            client = TCPStoreClient(*self.store.spec[1:])
+            client = TCPStoreClient(*self.store.address[1:])
         self.conn, theirs = multiprocessing.Pipe()
         self.worker = PrefillWorker(self.engine, client, theirs, timeout_s=60)
         self.blocks = list(range(-(-PROMPT_TOKENS // cache.block_size)))

@@ -11,7 +11,10 @@ output tokens with ignore_eos, streamed from /v1/completions. Each pair runs bot
 
 Mapping (per request, then the mean over requests): guidellm's time_to_first_token_ms is loadgen's TTFT;
 guidellm's inter_token_latency_ms, (last token - first token) / (output - 1), is loadgen's (and vLLM's)
-TPOT; guidellm's time_per_output_token_ms includes the TTFT and has no loadgen counterpart. Reported: the
+TPOT; guidellm's time_per_output_token_ms includes the TTFT and has no loadgen counterpart. Both send the
+same sampling: guidellm sends no temperature by default (the server's 1.0, sampled) while loadgen sends 0
+(greedy), and sampling over the vocabulary cost the server about 4% more per token, so guidellm is given
+temperature 0 through its backend extras. Reported: the
 per-pair ratios guidellm/loadgen of the TTFT mean and the TPOT mean, with a 95% t interval of their
 geometric mean; the must-show is agreement within 5%. The server's own means over each tool's run (its
 /metrics TTFT and inter-token histograms' sum/count) referee both: a tool/server ratio near 1 means the
@@ -25,6 +28,7 @@ import json
 import math
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -82,7 +86,8 @@ def run_guidellm(exe: Path, url: str, tokenizer: Path, args: argparse.Namespace,
     seed repeats its prompts, and a second run is served from the prefix cache); the means of its
     per-request TTFT and ITL (ms)."""
     scenario = {"spec": {
-        "backend": {"kind": "openai_http", "target": url, "model": "llama", "request_format": "/v1/completions"},
+        "backend": {"kind": "openai_http", "target": url, "model": "llama", "request_format": "/v1/completions",
+                    "extras": {"body": {"temperature": 0.0}}},
         "profile": {"kind": "concurrent", "streams": [1]},
         "tokenizer": {"kind": "huggingface_auto", "model": str(tokenizer)},
         "data": [{"kind": "synthetic_text", "prompt_tokens": args.input, "output_tokens": args.output}],
@@ -115,6 +120,12 @@ def _request_stats(node: object):  # noqa: ANN202 - generator of per-request dic
     elif isinstance(node, list):
         for item in node:
             yield from _request_stats(item)
+
+
+def client_cpu_s() -> float:
+    """CPU seconds used so far by this process (loadgen runs in it) and its finished children (guidellm)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def run_loadgen_once(url: str, args: argparse.Namespace) -> dict[str, float]:
@@ -153,9 +164,10 @@ def main() -> None:
         for k in range(args.pairs):
             pair = {}
             for tool in order.sample(["guidellm", "loadgen"], 2):
-                before = server_means(url)
+                before, cpu = server_means(url), client_cpu_s()
                 pair[tool] = (run_guidellm(exe, url, tokenizer, args, work / f"guidellm-{k}.json", 1000 + k)
                               if tool == "guidellm" else run_loadgen_once(url, args))
+                pair[tool]["client_cpu_s"] = client_cpu_s() - cpu
                 pair[f"server during {tool}"] = server_view(before, server_means(url))
             pairs.append(pair)
             print(f"pair {k}: guidellm TTFT {pair['guidellm']['ttft_ms']:.1f} ms, ITL {pair['guidellm']['tpot_ms']:.2f} "

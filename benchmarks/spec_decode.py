@@ -53,7 +53,7 @@ def workloads(engine: LLMEngine, rng: random.Random) -> dict[str, tuple[list[lis
 
 def decode_run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, batch: int) -> dict:
     """Decode tokens/s and the speculation counters of greedy requests, batch at a time."""
-    before = dict(engine.runner.spec_stats)
+    before = dict(engine.runner.speculative_stats)
     elapsed, tokens = 0.0, 0
     for i in range(0, len(prompts), batch):
         seqs = [engine.add_request(p, params) for p in prompts[i:i + batch]]
@@ -64,7 +64,7 @@ def decode_run(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
             engine.step()
         elapsed += time.perf_counter() - start
         tokens += sum(len(s.output_token_ids) for s in seqs) - first
-    delta = {k: engine.runner.spec_stats[k] - before[k] for k in before}
+    delta = {k: engine.runner.speculative_stats[k] - before[k] for k in before}
     return {"tok_s": tokens / elapsed, "tokens": tokens, **delta}
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import check_cases as cc
-from infragent.probes.check import MATMUL_SHAPES, PartitionError, compare, run_check
+from infragent.probes.check import MATMUL_SHAPES, PartitionError, diff_outputs, run_check
 from infragent.probes.partition import combine, parse_partition, split_case
 
 
@@ -125,11 +125,11 @@ def test_compare_reports_nan_shape_and_first_bad_index():
     bad = ref.clone()
     bad[1, 2] += 1
     bad[2, 3] = float("nan")
-    c = compare(bad, ref)
+    c = diff_outputs(bad, ref)
     assert not c.ok and c.first_bad_index == (1, 2) and c.bad == 2
     assert c.nonfinite == 1 and c.first_nonfinite == (2, 3)
-    assert compare(torch.full((2,), float("nan")), torch.full((2,), float("nan"))).ok
-    assert "shape (3, 3) != reference (3, 4)" in compare(ref[:, :3], ref).problem
+    assert diff_outputs(torch.full((2,), float("nan")), torch.full((2,), float("nan"))).ok
+    assert "shape (3, 3) != reference (3, 4)" in diff_outputs(ref[:, :3], ref).problem
 
 
 @pytest.mark.parametrize("text, field", [

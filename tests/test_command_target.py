@@ -162,7 +162,9 @@ def test_readiness_is_proven_by_the_listening_socket(tmp_path: Path) -> None:
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
         decoy.check_alive()
         os.kill(decoy.pgid, signal.SIGKILL)
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while decoy.proc.poll() is None and time.monotonic() < deadline:  # until the kill has landed
+            time.sleep(0.02)
         with pytest.raises(TargetDied, match="exited with status"):
             decoy.check_alive()
     finally:

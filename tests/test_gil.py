@@ -18,7 +18,7 @@ from infragent.analysis import gil_shares as gs
 from infragent.analysis.gil_shares import HeldSamples, Series, parse_speedscope, span_rows, thread_rows, top_level
 from infragent.probes import gil as gil_probe
 from infragent.probes import gil_child
-from infragent.probes.gil import WAIT_THRESHOLD, analyze, find_pyspy, run_gil, to_feedback
+from infragent.probes.gil import WAIT_THRESHOLD, gil_report, find_pyspy, run_gil, to_feedback
 from infragent.trace_model import CounterEvent, SpanEvent, Trace
 
 TESTS = Path(__file__).parent
@@ -124,7 +124,7 @@ def test_speedscope_samples_per_thread_and_main_thread_only_inside_the_workload(
 def test_report_names_the_starved_thread_and_the_holder():
     held = {2: HeldSamples(2, "t2", 45, 90 * MS)}
     trace = _trace({1: ("step", 0.2, 0.1), 2: ("transfer", 0.95, 0.0)}, contention=0.8)
-    fb = to_feedback(analyze("w:f", trace, held), [])
+    fb = to_feedback(gil_report("w:f", trace, held), [])
     assert fb.verdict == "fail"
     assert fb.locality == {"thread": "t1", "span": "step", "holder": "t2", "holder_span": "transfer"}
     assert fb.finding.startswith("thread t1 is starved of the GIL: waited 70% of step spans")
@@ -136,18 +136,18 @@ def test_report_names_the_starved_thread_and_the_holder():
 
 
 def test_report_without_pyspy_says_held_is_na_and_without_spans_is_inconclusive():
-    fb = to_feedback(analyze("w:f", _trace({1: ("step", 0.2, 0.1), 2: ("transfer", 0.95, 0.0)}), None), [])
+    fb = to_feedback(gil_report("w:f", _trace({1: ("step", 0.2, 0.1), 2: ("transfer", 0.95, 0.0)}), None), [])
     assert fb.verdict == "fail" and fb.locality["holder"] == "t2"  # the most on-CPU other thread
     assert "GIL holding n/a without py-spy" in fb.finding and fb.numbers["t2.held"].text() == "n/a %"
     assert json.loads(fb.to_json())["numbers"]["t2.held"]["value"] is None
-    calm = to_feedback(analyze("w:f", _trace({1: ("step", 0.9, 0.05)}), None), [])
+    calm = to_feedback(gil_report("w:f", _trace({1: ("step", 0.9, 0.05)}), None), [])
     assert calm.verdict == "pass" and "no GIL starvation" in calm.finding
-    empty = to_feedback(analyze("w:f", Trace(threads={1: "main"}), None), [])
+    empty = to_feedback(gil_report("w:f", Trace(threads={1: "main"}), None), [])
     assert empty.verdict == "inconclusive"
 
 
 def test_blocked_while_the_gil_was_free_is_not_called_gil_starvation():
-    fb = to_feedback(analyze("w:f", _trace({1: ("poll", 0.05, 0.0)}, contention=0.02), None), [])
+    fb = to_feedback(gil_report("w:f", _trace({1: ("poll", 0.05, 0.0)}, contention=0.02), None), [])
     assert fb.verdict == "inconclusive" and fb.locality == {"thread": "t1", "span": "poll"}
     assert "the GIL was mostly free" in fb.finding and "contention 0.02" in fb.finding
 

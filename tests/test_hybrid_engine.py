@@ -46,11 +46,11 @@ def test_layer_ratio_is_three_kda_to_one_attention():
 
 def test_engine_logits_match_reference_within_1e_4(llm):
     """Chunked prefill (budget 16), batched decode: every sampled position's logits vs from-scratch logits."""
-    weights = init_hybrid(SMALL, llm.engine.spec.vocab_size)[1]
+    weights = init_hybrid(SMALL, llm.engine.shape.vocab_size)[1]
     for prompt in PROMPTS:
         with recorded_logits(llm) as seen:
             [out] = run(llm, [prompt])
-        ref = reference_logits(llm.engine.spec, weights, prompt + out.token_ids)
+        ref = reference_logits(llm.engine.shape, weights, prompt + out.token_ids)
         engine = torch.cat(seen)  # one row per step: the prompt's last position, then each decode
         expected = ref[len(prompt) - 1:-1]
         assert engine.shape == expected.shape

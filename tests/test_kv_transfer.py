@@ -58,7 +58,7 @@ def test_transfer_puts_every_prefill_row_in_the_store(mode, impl):
         torch.testing.assert_close(v, cache.v[layer][block, :, first:first + rows].transpose(0, 1).reshape(rows, -1),
                                    rtol=0, atol=0)
         stored += rows
-    assert stored == 40 * engine.spec.num_attention_layers  # the prompt's rows, not the decode step's
+    assert stored == 40 * engine.shape.num_attention_layers  # the prompt's rows, not the decode step's
     assert len(seq.output_token_ids) == 2
     engine.kv_transfer.close()
     with pytest.raises(ConfigError, match="kv_transfer_impl: 'rdma'"):

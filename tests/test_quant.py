@@ -2,6 +2,8 @@
 and the engine's quantized configurations on the real model (bytes per token, prompt log-probabilities)."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -119,16 +121,37 @@ def test_config_names_the_bad_quantization_field():
     assert EngineConfig(quantization="none").quantization is None
 
 
+class _Engines:
+    """The real model, fp32 and with each KV dtype and weight quantization, built on first use: fp32 stays, and
+    of the others only the last one asked for (each holds its own copy of the weights, about 0.6 GB)."""
+
+    KNOBS = {"fp32": {}, "bf16": {"kv_cache_dtype": "bf16"}, "fp8": {"kv_cache_dtype": "fp8"},
+             "int8": {"kv_cache_dtype": "int8"}, "w8a8": {"quantization": "w8a8"}}
+
+    def __init__(self) -> None:
+        self.built: dict = {}
+
+    def __getitem__(self, name: str):  # noqa: ANN204 - an LLMEngine
+        from infragent.engine.llm_engine import LLMEngine
+
+        if name not in self.built:
+            for other in [k for k in self.built if k != "fp32"]:
+                self.built.pop(other).close()
+            gc.collect()
+            self.built[name] = LLMEngine(EngineConfig(model="llama", kv_cache_gb=0.1, max_model_len=512,
+                                                      **self.KNOBS[name]))
+        return self.built[name]
+
+
 @pytest.fixture(scope="module")
 def engines():
-    """The real model, fp32 and with each KV dtype and weight quantization (built once)."""
-    from infragent.engine.llm_engine import LLMEngine
-
-    def build(**knobs):
-        return LLMEngine(EngineConfig(model="llama", kv_cache_gb=0.1, max_model_len=512, **knobs))
-
-    return {"fp32": build(), "bf16": build(kv_cache_dtype="bf16"), "fp8": build(kv_cache_dtype="fp8"),
-            "int8": build(kv_cache_dtype="int8"), "w8a8": build(quantization="w8a8")}
+    """The engines by name, built when first asked for; all of them released after the module."""
+    built = _Engines()
+    yield built
+    for engine in built.built.values():
+        engine.close()
+    built.built.clear()
+    gc.collect()
 
 
 def test_kv_bytes_per_token_by_dtype(engines):
@@ -203,7 +226,7 @@ def test_hybrid_model_runs_quantized():
 
 
 def test_quant_gates_pack_passes_int8_kv_and_rejects_w8a8_without_smoothing():
-    from infragent.agent.steps import quality_gate
+    from infragent.agent.serving_gates import quality_gate
     from infragent.lab.spec import PACKS, load_spec
     from infragent.probes.quality import QualityPlan
 

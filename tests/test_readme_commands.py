@@ -164,7 +164,7 @@ def _bench(a_ns: float, b_ns: float, tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("INFRAGENT_ARTIFACTS", str(tmp_path))
     gen = torch.Generator().manual_seed(0)
     noise = (torch.rand(40, generator=gen) * 0.01 + 1).tolist()
-    result = bench_probe.Comparison(a_ns=[a_ns * n for n in noise], b_ns=[b_ns for _ in noise],
+    result = bench_probe.BenchResult(a_ns=[a_ns * n for n in noise], b_ns=[b_ns for _ in noise],
                                     b_first=[False] * 40, outcome=outcome)
     result.ratio = paired_ratio(result.a_ns, result.b_ns, confidence=0.99)
     return bench_probe._feedback(result, "baseline", "candidate", False, bench_probe.Case(), bench_probe.BenchConfig())

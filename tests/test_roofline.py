@@ -157,7 +157,7 @@ def test_rule_picks_the_largest_roof_time():
 
 def test_noisy_timing_is_inconclusive():
     result = measure_roofline(torch.add, rc.tiny_add_inputs, peaks=fake_peaks(), **FAST)
-    result.time = Summary(median=1e-5, lo=0.5e-5, hi=2e-5, n=5)
+    result.time = Summary(center=1e-5, lo=0.5e-5, hi=2e-5, n=5)
     fb = to_feedback(result, max_rel_ci=0.2)
     assert fb.verdict == "inconclusive" and "noisy" in fb.finding
 

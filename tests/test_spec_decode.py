@@ -10,8 +10,8 @@ from infragent.engine.llm import LLM
 from infragent.engine.models.kda_ops import (kda_decode_reference, kda_decode_step, kda_recurrent, kda_replay,
                                              kda_steps)
 from infragent.engine.sampling import SamplingParams
-from infragent.engine.spec_decode.ngram import propose_ngram
-from infragent.engine.spec_decode.verify import accept_greedy
+from infragent.engine.speculative.ngram import propose_ngram
+from infragent.engine.speculative.verify import accept_greedy
 
 SMALL = HybridConfig(hidden_size=128, intermediate_size=256, num_layers=8, num_heads=4, num_kv_heads=2,
                      head_dim=32, kda_num_heads=2, kda_head_k_dim=32, kda_head_v_dim=32, seed=3)
@@ -82,7 +82,7 @@ def _generate(model: str, prompts, params, **knobs):
     outputs = llm.generate(prompts, params)
     engine = llm.engine
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks  # truncation and finishing leak nothing
-    return [o.token_ids for o in outputs], engine.runner.spec_stats
+    return [o.token_ids for o in outputs], engine.runner.speculative_stats
 
 
 @pytest.mark.parametrize("rollback", ["snapshot", "replayssm"])

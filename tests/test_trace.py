@@ -142,7 +142,7 @@ def test_engine_records_phases_layers_and_cache_operations(backend):
     decode_read = "kv.gather" if backend == "torch" else "paged_attention"  # native attention reads in place
     assert {"step", "schedule", "prepare", "prefill", "decode", "sample", "detokenize", "attention", "kda",
             "mlp", "kv.write", decode_read, "kda.state_gather", "kda.state_scatter"} <= names
-    spec = llm.engine.spec
+    spec = llm.engine.shape
     steps = len(trace.named("step"))
     assert len(trace.named("mlp")) == steps * spec.num_layers
     assert len(trace.named("attention")) == steps * spec.layer_kinds.count("attention")

@@ -175,7 +175,7 @@ def test_run_timeout_kills_the_group_and_memory_is_capped(repo: Path, tmp_path: 
                "time.sleep(60)\n")
     with Workspace.create(repo, tmp_path / "home", "t") as ws:
         done = ws.run([sys.executable, "-c", program], timeout_s=1.5)
-        assert done.timed_out and done.rc == -9 and "started" in done.stdout and done.seconds < 10
+        assert done.timed_out and done.rc == -9 and "started" in done.stdout  # killed, not finished after 60 s
         child = int(pidfile.read_text())
         for _ in range(50):
             if _state(child) in ("gone", "Z"):

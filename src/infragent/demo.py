@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from infragent.agent.context import Budget
-from infragent.agent.summary import run_optimize
+from infragent.agent.run_optimize import run_optimize
 from infragent.lab.spec import resolve_spec
 
 

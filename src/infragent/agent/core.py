@@ -22,11 +22,13 @@ from infragent.agent.diagnosis import add_hypothesis, diagnose
 from infragent.agent.hypotheses import Hypothesis, suspects
 from infragent.agent.proposal import Proposal, ProposalContext, ProposalError, Proposer, SearchDone
 from infragent.agent.search import SearchProposer
-from infragent.agent.targets import Candidate, LoopTarget, make_target
+from infragent.agent.kernel_target import KernelTarget
+from infragent.agent.serving_target import ServingTarget
+from infragent.agent.targets import Candidate, LoopTarget
 from infragent.agent.workspace import WorkspaceError
 from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import guarded_run, open_run
-from infragent.lab.spec import load_spec
+from infragent.lab.spec import Spec, load_spec
 from infragent.probes.feedback import Feedback
 
 MAX_FAILED_PROPOSALS = 3  # consecutive proposals without a usable patch before the loop stops
@@ -44,6 +46,13 @@ class Outcome:
     hypotheses: list[Hypothesis] = field(default_factory=list)
     trials: list[dict[str, Any]] = field(default_factory=list)
     events: list[tuple[float, str]] = field(default_factory=list)  # (seconds, what): diagnoses, acceptances
+
+
+def make_target(spec: Spec, spec_path: Path) -> LoopTarget:
+    """The loop's view of the spec's target."""
+    if spec.target.kind == "kernel":
+        return KernelTarget(spec, spec_path)
+    return ServingTarget(spec, spec_path)
 
 
 def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, proposer: Proposer | None = None,

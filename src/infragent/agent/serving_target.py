@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -30,18 +29,19 @@ from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysi
 from infragent.analysis.scheduling import scheduling
 from infragent.agent.proposal import Probe
 from infragent.agent.quality_cause import known_quality_cost, quality_causes
-from infragent.agent.steps import aa_calibration, check_outputs, end_to_end, local_ab, quality_gate
+from infragent.agent.serving_gates import (aa_calibration, check_outputs, end_to_end, local_ab, quality_gate,
+                                          run_tests, step_unit)
+from infragent.agent.serving_tools import serving_tools
 from infragent.agent.targets import Candidate, proposal_info
-from infragent.agent.workspace import Workspace, run_limited
+from infragent.agent.workspace import Workspace
 from infragent.lab.lifecycle import launched
 from infragent.lab.measure import default_knobs
 from infragent.lab.spec import QUALITY_METRICS, Spec
 from infragent.lab.target import TargetDied, TargetError, TargetProcess, engine_config, require_own_ports
 from infragent.probes.artifacts import artifact_dir
-from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.feedback import Feedback
 from infragent.probes.step_bench import StepAA, StepBenchError, StepWorker, Unit, check_tokens, span_shift, step_bench
 
-TESTS_TIMEOUT_S = 900.0
 
 
 class RunError(RuntimeError):
@@ -181,8 +181,6 @@ class ServingTarget:
 
     def tools(self, ctx: RunContext, workspace: Workspace, key: str) -> dict[str, Probe]:
         """The probes a code proposer may run on its worktree (agent/serving_tools.py)."""
-        from infragent.agent.serving_tools import serving_tools
-
         return serving_tools(self, ctx, workspace, key)
 
     def info(self, ctx: RunContext, hypotheses: list[Hypothesis], trials: list[dict]) -> dict[str, Any]:
@@ -385,35 +383,6 @@ def trace_engine(spec: Spec, knobs: dict, worker: StepWorker) -> Feedback:
                                                 config.max_num_seqs).to_dict()
     feedback.locality["code"] = worker.code
     return feedback
-
-
-STEP_PROMPT_TOKENS = 32  # 2 x 32-token prompts x 4 tokens: half the time per round of 2 x 64 x 8, about as
-STEP_OUTPUT_TOKENS = 4  # precise per second of bench, and clear cases stop at the first look (docs/BENCHMARKS.md)
-
-
-def step_unit(spec: Spec) -> Unit:
-    """The step bench's batch: two of the first scenario's prompts (cut to STEP_PROMPT_TOKENS), run to
-    STEP_OUTPUT_TOKENS tokens each — a prefill step and decode steps of the scenario's kind, a few tenths of
-    a second per unit."""
-    scenario = spec.scenarios[0]
-    prompts = [ids[:STEP_PROMPT_TOKENS] for ids, _ in engine_workload(spec, {}, prompts=2, seed=11)]
-    return Unit(prompts, min(scenario.random_output_len, STEP_OUTPUT_TOKENS))
-
-
-def run_tests(command: str, worktree: Path, kind: str) -> Feedback:
-    """The spec's test command in the candidate's worktree (bash -c, with this interpreter's folder first on the
-    PATH, so `python` is the one running infragent; for an engine target with src/ on the PYTHONPATH): pass on
-    exit status 0."""
-    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    if kind == "engine" and (worktree / "src").is_dir():
-        env["PYTHONPATH"] = os.pathsep.join([str(worktree / "src")] + ([os.environ["PYTHONPATH"]]
-                                                                       if os.environ.get("PYTHONPATH") else []))
-    done = run_limited(["bash", "-c", command], cwd=worktree, timeout_s=TESTS_TIMEOUT_S, memory_gb=None, env=env)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-    status = f"timed out after {TESTS_TIMEOUT_S:g} s" if done.timed_out else f"exit {done.rc}"
-    return Feedback("tests", "pass" if done.rc == 0 else "fail", f"`{command}`: {status} in {done.seconds:.1f} s"
-                    + (f": {' | '.join(tail)}" if tail else ""), numbers={"rc": Measure(done.rc)},
-                    details={"stdout_tail": done.stdout[-3000:], "stderr_tail": done.stderr[-3000:]})
 
 
 def _stamp() -> str:

@@ -10,21 +10,43 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 from infragent.agent.context import RunContext, fresh_key
 from infragent.agent.proposal import Probe
+from infragent.agent.serving_gates import objective, run_tests, step_unit
 from infragent.agent.workspace import Workspace
 from infragent.lab.measure import interleaved_repeat
+from infragent.lab.spec import Spec
+from infragent.lab.target import TargetProcess
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.step_bench import StepWorker, check_tokens, trace_engine_code
 
-if TYPE_CHECKING:
-    from infragent.agent.serving_target import ServingTarget
 
 
-def serving_tools(target: "ServingTarget", ctx: RunContext, ws: Workspace, key: str) -> dict[str, Probe]:
+class ServingHost(Protocol):
+    """What the tools need from the serving target that offers them (agent/serving_target.ServingTarget)."""
+
+    spec: Spec
+    baseline_knobs: dict[str, Any]
+
+    def beside_baseline(self, ctx: RunContext, knobs: dict, role: str,
+                        code: Path | None = None) -> ContextManager[tuple[TargetProcess, TargetProcess]]:
+        """(the baseline's server, a launch of knobs from code)."""
+
+    def engine_pair(self, workspace: Workspace, knobs: dict) -> ContextManager[tuple[StepWorker, StepWorker]]:
+        """Step workers of the baseline's code and the worktree's."""
+
+    def step_bench(self, ctx: RunContext, base: StepWorker, cand: StepWorker, config: dict) -> Feedback:
+        """The step bench of cand against base."""
+
+    def engine_fields(self, knobs: dict) -> dict:
+        """The engine config fields of knobs."""
+
+
+def serving_tools(target: ServingHost, ctx: RunContext, ws: Workspace, key: str) -> dict[str, Probe]:
     """The probes by name (engine targets get the in-process ones; every serving target gets the scenario)."""
     def charged(name: str, run: Callable[[], Feedback]) -> Probe:
         def probe(arguments: dict) -> str:
@@ -43,11 +65,9 @@ def serving_tools(target: "ServingTarget", ctx: RunContext, ws: Workspace, key: 
     return tools
 
 
-def _gates(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[[], Feedback]:
+def _gates(target: ServingHost, ctx: RunContext, ws: Workspace) -> Callable[[], Feedback]:
     def gates() -> Feedback:
         """the candidate's cheap gates on your worktree: the spec's tests, the output check, the step bench"""
-        from infragent.agent.serving_target import run_tests
-
         said: list[Feedback] = []
         if target.spec.target.tests:
             said.append(run_tests(target.spec.target.tests, ws.path, target.spec.target.kind))
@@ -62,12 +82,12 @@ def _gates(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[
 
 
 @contextlib.contextmanager
-def _pair(target: "ServingTarget", ws: Workspace) -> Iterator[tuple[StepWorker, StepWorker]]:
+def _pair(target: ServingHost, ws: Workspace) -> Iterator[tuple[StepWorker, StepWorker]]:
     with target.engine_pair(ws, target.baseline_knobs) as pair:
         yield pair
 
 
-def _check(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
+def _check(target: ServingHost, ws: Workspace) -> Callable[[], Feedback]:
     def check() -> Feedback:
         """greedy tokens of fixed prompts, your worktree's engine against the baseline's"""
         with _pair(target, ws) as (base, cand):
@@ -75,7 +95,7 @@ def _check(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
     return check
 
 
-def _bench(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[[], Feedback]:
+def _bench(target: ServingHost, ctx: RunContext, ws: Workspace) -> Callable[[], Feedback]:
     def bench() -> Feedback:
         """prefill and decode step times, your worktree's engine against the baseline's (seconds)"""
         with _pair(target, ws) as (base, cand):
@@ -83,10 +103,9 @@ def _bench(target: "ServingTarget", ctx: RunContext, ws: Workspace) -> Callable[
     return bench
 
 
-def _gil(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
+def _gil(target: ServingHost, ws: Workspace) -> Callable[[], Feedback]:
     def gil() -> Feedback:
         """per thread and span, GIL held (py-spy) and waited while your worktree's engine runs a few batches"""
-        from infragent.agent.serving_target import step_unit
         from infragent.probes.gil import run_gil
 
         unit = step_unit(target.spec)
@@ -97,11 +116,9 @@ def _gil(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
     return gil
 
 
-def _record(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
+def _record(target: ServingHost, ws: Workspace) -> Callable[[], Feedback]:
     def record() -> Feedback:
         """record + analyze: a traced batch on your worktree's engine, attributed (top spans, threads)"""
-        from infragent.agent.serving_target import step_unit
-
         worker = StepWorker(ws.path, target.engine_fields(target.baseline_knobs), "candidate").ready()
         try:
             path = artifact_dir() / f"trace-worktree-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -111,10 +128,8 @@ def _record(target: "ServingTarget", ws: Workspace) -> Callable[[], Feedback]:
     return record
 
 
-def _scenario(target: "ServingTarget", ctx: RunContext, ws: Workspace, key: str) -> Feedback:
+def _scenario(target: ServingHost, ctx: RunContext, ws: Workspace, key: str) -> Feedback:
     """the first scenario once, your worktree's server interleaved with the baseline's: latency and throughput"""
-    from infragent.agent.steps import objective
-
     scenario = target.spec.scenarios[0].model_copy(update={"repeats": 1})
     with target.beside_baseline(ctx, target.baseline_knobs, f"{key}/tool", ws.path) as (base, cand):
         runs = interleaved_repeat(scenario, {"baseline": base.base_url, "candidate": cand.base_url}, seed=31)

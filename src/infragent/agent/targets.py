@@ -1,15 +1,13 @@
 """The one interface the loop has to what it optimizes: a target prepares a candidate (a worktree with a
 patch, and knob values), launches it or loads its callables, probes it cheapest first, and stops it.
 Implementations: the engine and command targets (agent/serving_target.py) and kernel targets
-(agent/kernel_target.py)."""
+(agent/kernel_target.py); agent/core.py picks one for the spec."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Protocol
 
 from infragent.agent.proposal import Probe, Proposal
-from infragent.lab.spec import Spec
 
 if TYPE_CHECKING:
     from infragent.agent.context import RunContext
@@ -55,17 +53,6 @@ class LoopTarget(Protocol):
     def judge(self, ctx: "RunContext", candidate: Candidate, hypothesis: "Hypothesis | None") -> dict[str, Any]:
         """The candidate through the target's probes, cheapest first: status, objective, feasible, why, and
         `local` (the local probe's key, verdict and finding) when one ran."""
-
-
-def make_target(spec: Spec, spec_path: Path) -> LoopTarget:
-    """The loop's view of the spec's target."""
-    if spec.target.kind == "kernel":
-        from infragent.agent.kernel_target import KernelTarget
-
-        return KernelTarget(spec, spec_path)
-    from infragent.agent.serving_target import ServingTarget
-
-    return ServingTarget(spec, spec_path)
 
 
 def proposal_info(ctx: "RunContext", hypotheses: list["Hypothesis"], trials: list[dict],

@@ -1,4 +1,4 @@
-"""Robust statistics for timing samples: medians with bootstrap CIs, paired ratios, rank tests."""
+"""Robust statistics for timing samples: medians and means with bootstrap CIs, paired ratios, rank tests."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,32 +8,58 @@ import numpy as np
 
 @dataclass
 class Summary:
-    """Median of raw samples with a bootstrap confidence interval."""
+    """A point estimate of raw samples (their median unless `statistic` says otherwise) with a bootstrap
+    confidence interval."""
 
-    median: float
+    center: float
     lo: float
     hi: float
     n: int
+    statistic: str = "median"  # or "mean", "ratio of medians"
+
+    @property
+    def median(self) -> float:
+        """The center of a median summary (an error for any other statistic: read center)."""
+        if self.statistic != "median":
+            raise AttributeError(f"this summary's center is a {self.statistic}, not a median; read .center")
+        return self.center
 
     def fmt(self, digits: int = 1) -> str:
-        """Render as 'median [lo, hi]'."""
+        """Render as 'center [lo, hi]'."""
         if self.n == 0:
             return "n/a"
-        return f"{self.median:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+        return f"{self.center:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+
+
+def bootstrap(samples: list[float], statistic: str = "median", confidence: float = 0.95, resamples: int = 10_000,
+              seed: int = 0) -> Summary:
+    """The samples' median or mean and a percentile-bootstrap CI of it (None samples are left out)."""
+    data = np.asarray([s for s in samples if s is not None], dtype=float)
+    if data.size == 0:
+        return Summary(float("nan"), float("nan"), float("nan"), 0, statistic)
+    reduce = {"median": np.median, "mean": np.mean}[statistic]
+    rng = np.random.default_rng(seed)
+    lo, hi = _percentiles(reduce(data[rng.integers(0, data.size, size=(resamples, data.size))], axis=1), confidence)
+    return Summary(float(reduce(data)), lo, hi, int(data.size), statistic)
 
 
 def bootstrap_median(samples: list[float], confidence: float = 0.95, resamples: int = 10_000,
                      seed: int = 0) -> Summary:
     """Median of samples and a percentile-bootstrap CI of the median."""
-    data = np.asarray([s for s in samples if s is not None], dtype=float)
-    if data.size == 0:
-        return Summary(float("nan"), float("nan"), float("nan"), 0)
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, data.size, size=(resamples, data.size))
-    medians = np.median(data[picks], axis=1)
+    return bootstrap(samples, "median", confidence, resamples, seed)
+
+
+def bootstrap_mean(samples: list[float], confidence: float = 0.95, resamples: int = 10_000,
+                   seed: int = 0) -> Summary:
+    """Mean of samples (Summary.center, statistic "mean") and a percentile-bootstrap CI of the mean."""
+    return bootstrap(samples, "mean", confidence, resamples, seed)
+
+
+def _percentiles(estimates: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The two-sided percentile interval of bootstrap estimates."""
     tail = (1.0 - confidence) / 2 * 100
-    lo, hi = np.percentile(medians, [tail, 100 - tail])
-    return Summary(float(np.median(data)), float(lo), float(hi), int(data.size))
+    lo, hi = np.percentile(estimates, [tail, 100 - tail])
+    return float(lo), float(hi)
 
 
 def t_interval(samples: list[float], center: float | None = None,
@@ -50,32 +76,18 @@ def t_interval(samples: list[float], center: float | None = None,
     return mid - half, mid + half
 
 
-def bootstrap_mean(samples: list[float], confidence: float = 0.95, resamples: int = 10_000,
-                   seed: int = 0) -> Summary:
-    """Mean of samples (in Summary.median's place) and a percentile-bootstrap CI of the mean."""
-    data = np.asarray(samples, dtype=float)
-    if data.size == 0:
-        return Summary(float("nan"), float("nan"), float("nan"), 0)
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
-    tail = (1.0 - confidence) / 2 * 100
-    lo, hi = np.percentile(means, [tail, 100 - tail])
-    return Summary(float(data.mean()), float(lo), float(hi), int(data.size))
-
-
 def ratio_summary(num: list[float], den: list[float], confidence: float = 0.95, resamples: int = 10_000,
                   seed: int = 0) -> Summary:
     """Ratio of medians median(num)/median(den) with a bootstrap CI (both resampled independently)."""
     a = np.asarray(num, dtype=float)
     b = np.asarray(den, dtype=float)
     if a.size == 0 or b.size == 0:
-        return Summary(float("nan"), float("nan"), float("nan"), 0)
+        return Summary(float("nan"), float("nan"), float("nan"), 0, "ratio of medians")
     rng = np.random.default_rng(seed)
     ra = np.median(a[rng.integers(0, a.size, size=(resamples, a.size))], axis=1)
     rb = np.median(b[rng.integers(0, b.size, size=(resamples, b.size))], axis=1)
-    tail = (1.0 - confidence) / 2 * 100
-    lo, hi = np.percentile(ra / rb, [tail, 100 - tail])
-    return Summary(float(np.median(a) / np.median(b)), float(lo), float(hi), int(min(a.size, b.size)))
+    lo, hi = _percentiles(ra / rb, confidence)
+    return Summary(float(np.median(a) / np.median(b)), lo, hi, int(min(a.size, b.size)), "ratio of medians")
 
 
 def paired_ratio(a: list[float], b: list[float], confidence: float = 0.95, resamples: int = 4000,
@@ -98,7 +110,7 @@ def mann_whitney_p(a: list[float], b: list[float]) -> float:
 
 
 def min_detectable_effect(summary: Summary) -> float:
-    """Smallest relative change the interval could tell apart from none: its half-width relative to the median."""
-    if summary.n == 0 or summary.median == 0:
+    """Smallest relative change the interval could tell apart from none: its half-width relative to the center."""
+    if summary.n == 0 or summary.center == 0:
         return float("nan")
-    return (summary.hi - summary.lo) / 2 / abs(summary.median)
+    return (summary.hi - summary.lo) / 2 / abs(summary.center)

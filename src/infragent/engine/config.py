@@ -9,18 +9,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-MODELS = ("llama", "hybrid")
-DTYPES = ("float32", "bfloat16")  # torch dtype names (torch is imported when the engine needs it)
-KV_LAYOUTS = ("paged", "contiguous")
-GEMMS = ("torch", "blas", "blas-gil-held")
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp8", "int8")  # auto: the model's dtype
-QUANTIZATIONS = ("w8a8", "int8-weight")
-SPECULATIVE = ("ngram", "draft")  # prompt lookup, or the model's own first layers as a draft model
-ROLLBACKS = ("snapshot", "replayssm")
-
-
-class ConfigError(ValueError):
-    """A knob has a value the engine cannot run with; the message names the knob."""
+from infragent.engine.options import (DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES, KV_CACHE_DTYPES,  # noqa: F401
+                                      KV_LAYOUTS, MODELS, PARTIAL_PRECISIONS, QUANTIZATIONS, ROLLBACKS, SPECULATIVE,
+                                      TRANSFER_IMPLS, TRANSFER_MODES, ConfigError)
 
 
 def _knob(default: Any, flag: str, help: str, *aliases: str) -> Any:
@@ -131,8 +122,6 @@ class EngineConfig:
             raise ConfigError(f"gemm: {self.gemm!r}; choose one of {', '.join(GEMMS)}")
         if self.gemm != "torch" and self.dtype != "float32":
             raise ConfigError(f"gemm: {self.gemm} runs fp32 only; use dtype float32 or gemm torch")
-        from infragent.engine.kernels.build import KERNEL_CHOICES
-
         if self.kernels not in KERNEL_CHOICES:
             raise ConfigError(f"kernels: {self.kernels!r}; choose one of {', '.join(KERNEL_CHOICES)}")
         if self.kv_layout not in KV_LAYOUTS:
@@ -174,8 +163,6 @@ class EngineConfig:
                 raise ConfigError(f"smoothquant_alpha: must be in [0, 1], got {self.smoothquant_alpha}")
 
     def _check_kda_decode(self) -> None:
-        from infragent.engine.models.kda_ops import KDA_DECODE_IMPLS
-
         if self.kda_decode_impl not in KDA_DECODE_IMPLS:
             raise ConfigError(f"kda_decode_impl: {self.kda_decode_impl!r}; choose one of {', '.join(KDA_DECODE_IMPLS)}")
         if self.kda_bv_tile is not None and (not isinstance(self.kda_bv_tile, int) or self.kda_bv_tile < 1):
@@ -185,15 +172,11 @@ class EngineConfig:
             raise ConfigError(f"kda_head_split: {self.kda_head_split!r} must divide the {heads} KDA heads")
 
     def _check_transfer(self) -> None:
-        from infragent.engine.kv_transfer import TRANSFER_IMPLS, TRANSFER_MODES
-
         for name, allowed in (("kv_transfer_mode", TRANSFER_MODES), ("kv_transfer_impl", TRANSFER_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
 
     def _check_parallel(self) -> None:
-        from infragent.engine.parallel.layers import PARTIAL_PRECISIONS
-
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "pp_micro_batches"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")

@@ -23,8 +23,6 @@ import torch
 from infragent.trace import span
 
 RECORD_HEADER = struct.Struct("<iiii")  # a packed record (serialize): layer, block, first offset, rows
-TRANSFER_MODES = ("layerwise", "after_prefill")
-TRANSFER_IMPLS = ("serialize", "bulk")
 
 
 class TransferError(RuntimeError):

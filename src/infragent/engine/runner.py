@@ -1,17 +1,27 @@
 """ModelRunner: turns a ScheduledBatch into StepInputs, runs the model, samples next tokens."""
 from __future__ import annotations
 
+import enum
+
 import torch
 
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.sampling import sample, token_logprobs
-from infragent.engine.spec_decode.verify import accept_greedy
+from infragent.engine.speculative.verify import accept_greedy
 from infragent.engine.scheduler import ScheduledBatch
 from infragent.engine.sequence import Sequence
 from infragent.engine.state_slots import StateSlots
 from infragent.engine.step_inputs import PrefillChunk, StepInputs
 from infragent.trace import span
+
+
+class RowKind(enum.IntEnum):
+    """How a sequence's rows run this step, in the order the batch is flattened."""
+
+    DECODE = 0  # one new token
+    VERIFY = 1  # the last token and its drafts, checked at once
+    PREFILL = 2  # a prompt chunk
 
 
 class ModelRunner:
@@ -28,7 +38,7 @@ class ModelRunner:
         # speculative: every sequence past its prompt runs as a verification (its drafts may be none)
         self.speculative = speculative
         self.verify_rows: list[tuple[Sequence, int, int]] = []  # this step's verifications: (seq, row, rows)
-        self.spec_stats = {"verifications": 0, "drafted": 0, "accepted": 0}  # since the engine started
+        self.speculative_stats = {"verifications": 0, "drafted": 0, "accepted": 0}  # since the engine started
         self.prompt_rows: list[tuple[Sequence, int, int, int]] = []  # this step's rows kept as prompt logprobs
 
     def prepare(self, batch: ScheduledBatch) -> tuple[StepInputs, list[Sequence]]:
@@ -36,7 +46,8 @@ class ModelRunner:
         layer reads. Attention runs a verification's rows as decodes, each row seeing the context up to its
         own position; KDA runs them token by token with a rollback (inputs.verifies)."""
         verifying = [self.speculative and s.num_computed_tokens == len(s) - 1 for s in batch.seqs]
-        kind = [1 if v else 0 if n == 1 else 2 for n, v in zip(batch.num_new_tokens, verifying)]
+        kind = [RowKind.VERIFY if v else RowKind.DECODE if n == 1 else RowKind.PREFILL
+                for n, v in zip(batch.num_new_tokens, verifying)]
         order = sorted(range(len(batch.seqs)), key=lambda i: kind[i])
         bs = self.block_size
         input_ids: list[int] = []
@@ -59,13 +70,13 @@ class ModelRunner:
             input_ids.extend((seq.token_ids + seq.draft_token_ids)[start:start + n])
             positions.extend(range(start, start + n))
             slot_blocks.extend(table[p // bs] for p in range(start, start + n))
-            if kind[i] < 2:
+            if kind[i] is not RowKind.PREFILL:  # attention runs a verification's rows as decodes
                 decode_rows += [(seq, p + 1) for p in range(start, start + n)]
-            if kind[i] == 1:
+            if kind[i] is RowKind.VERIFY:
                 verifies.append(PrefillChunk(row, n, start, None, table[0], seq.state_slot))
                 self.verify_rows.append((seq, row, n))
                 continue
-            if kind[i] == 2:
+            if kind[i] is RowKind.PREFILL:
                 # a lossy KV layer's attention reads the chunk back from the cache, so it needs the blocks
                 context = torch.tensor(table) if self.paged and (start or self.kv_cache.any_lossy) else None
                 prefills.append(PrefillChunk(row, n, start, context, table[0], seq.state_slot))
@@ -166,8 +177,8 @@ class ModelRunner:
             drafts = seq.draft_token_ids[:n - 1]
             if drafts:
                 tokens = accept_greedy(logits, drafts)
-                self.spec_stats["drafted"] += len(drafts)
-                self.spec_stats["accepted"] += len(tokens) - 1
+                self.speculative_stats["drafted"] += len(drafts)
+                self.speculative_stats["accepted"] += len(tokens) - 1
             else:  # nothing drafted (or no room): an ordinary decode of the last row, any sampling
                 tokens = sample(logits[-1:], [seq.params], [seq.generator], [seq.output_token_ids])
             if seq.params.logprobs is not None:
@@ -176,5 +187,5 @@ class ModelRunner:
             if self.kda_states is not None and self.kda_states.rollback is not None:
                 self.kda_states.rollback.commit(seq.state_slot, len(tokens))
             out[seq.seq_id] = tokens
-        self.spec_stats["verifications"] += len(self.verify_rows)
+        self.speculative_stats["verifications"] += len(self.verify_rows)
         return out

@@ -14,6 +14,11 @@ Design (why it is right on a noisy 2-core VM where process-to-process spread bea
   returning how much work it did (a fixed-duration loop). In time mode a pair whose wall times agree while
   their returned values differ is flagged: the wrong metric would read "no change".
 Without --vs, the function is paired with itself (A/A): the same run gives its time and the noise floor.
+- contention (contention.py: our threads' run delay, steal, other processes' CPU) is read as it measures;
+  once the machine is busy, A/A pairs are interleaved with the A/B pairs, and every interval is widened by
+  the spread of those A/A pairs (their 2.5th to 97.5th percentile): a busy machine's waits land on long
+  samples more than short ones, which can bias a median ratio far beyond its own interval. When the widened
+  interval decides nothing, the answer is "inconclusive: contended".
 """
 from __future__ import annotations
 
@@ -32,13 +37,14 @@ from infragent.analysis.stats import Summary, bootstrap_median, mann_whitney_p, 
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.inputs import Case, call, draw, tensors_of
-from infragent.probes.machine import CONTENDED_CORES, CpuWatch
+from infragent.probes.contention import Contention, ContentionWatch
 
 DECIDE_CONFIDENCE = 0.99
 METRICS = ("time", "return")
 FEW_PAIRS = 4  # below min_pairs and at the budget: a t interval of log ratios needs at least this many
 SAME_TIME = 0.05  # wall times within 5% of each other ...
 OTHER_WORK = 0.25  # ... while the returned values differ by more than 25%: a fixed-duration loop
+MIN_AA_PAIRS = 8  # A/A pairs a contended interval needs before it can be widened (and decide anything)
 
 
 class BenchError(ValueError):
@@ -66,7 +72,7 @@ class BenchConfig:
 
 
 @dataclass
-class Comparison:
+class BenchResult:
     """Raw paired samples (ns per call) and the statistics computed from them."""
 
     a_ns: list[float] = field(default_factory=list)  # per call, or per unit of work (metric "return")
@@ -83,6 +89,22 @@ class Comparison:
     confidence: float = DECIDE_CONFIDENCE  # of the interval the outcome rests on
     mann_whitney_p: float = float("nan")
     others_cores: float | None = None  # CPU other processes used while measuring, in cores
+    contention: Contention | None = None  # the signals over the measuring window (last read)
+    aa_ns: list[tuple[float, float]] = field(default_factory=list)  # A/A pairs, interleaved once contended
+    raw_ratio: Summary | None = None  # the interval before widening (contended only)
+
+    @property
+    def contended(self) -> bool:
+        """Whether the machine was busy while measuring (as last read)."""
+        return self.contention is not None and self.contention.contended
+
+    def aa_spread(self) -> tuple[float, float] | None:
+        """The 2.5th and 97.5th percentiles of the A/A pairs' ratios, 1 inside; None with too few pairs."""
+        if len(self.aa_ns) < MIN_AA_PAIRS:
+            return None
+        ratios = [second / first for first, second in self.aa_ns if first > 0]
+        lo, hi = np.percentile(ratios, [2.5, 97.5])
+        return min(float(lo), 1.0), max(float(hi), 1.0)
 
 
 Timer = Callable[[Callable[[], Any], int], tuple[float, Any]]
@@ -159,7 +181,7 @@ def calibrate(thunk: Callable[[], Any], timer: Timer, min_sample_s: float) -> in
     return inner
 
 
-def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: BenchConfig) -> Comparison:
+def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: BenchConfig) -> BenchResult:
     """Measure A and B in randomly ordered pairs until the 99% CI of median(B/A) decides or the budget (wall
     time, warm-up included) cannot fit another pair."""
     rng = random.Random(config.seed)
@@ -171,7 +193,7 @@ def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: Be
         first.append(time.perf_counter() - began)
         if config.metric == "return":
             work_of(value)  # a callable that reports no work fails now, with the fix, not after the budget
-    result = Comparison(first_calls_s=(first[0], first[1]))
+    result = BenchResult(first_calls_s=(first[0], first[1]))
     quick = sum(first) < min(0.05, config.budget_s / 20)
     if quick:  # a second warm-up round and an inner loop long enough to time
         a(), b()
@@ -179,11 +201,20 @@ def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: Be
     pair_s = sum(first)  # how long the next pair is expected to take
     gc_was_enabled = gc.isenabled()
     gc.disable()
-    watch = CpuWatch()
+    watch = ContentionWatch()
     measuring = time.perf_counter()
+    rounds = 0
     try:
         while time.perf_counter() - start + pair_s <= config.budget_s:
             began = time.perf_counter()
+            rounds += 1
+            if rounds % config.check_every == 0:
+                result.contention = watch.now()
+            if result.contended and rounds % 2:  # every other round an A/A pair: the floor under this load
+                (t1, _), (t2, _) = timer(a, result.inner), timer(a, result.inner)
+                result.aa_ns.append((t1, t2))
+                pair_s = time.perf_counter() - began
+                continue
             b_first = rng.random() < 0.5
             one, two = (b, a) if b_first else (a, b)
             (t1, w1), (t2, w2) = timer(one, result.inner), timer(two, result.inner)
@@ -207,19 +238,22 @@ def compare(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: Be
         if gc_was_enabled:
             gc.enable()
     result.measuring_s = time.perf_counter() - measuring
-    result.others_cores = watch.others_cores()
+    result.contention = watch.now()
+    result.others_cores = result.contention.others_cores
+    if result.contended and result.outcome == "undecided":
+        result.outcome, result.budget_hit = "contended", False  # the machine, not the budget, left it open
     result.mann_whitney_p = mann_whitney_p(result.a_ns, result.b_ns)
     return result
 
 
-def _decide_at_budget(result: Comparison, config: BenchConfig) -> None:
+def _decide_at_budget(result: BenchResult, config: BenchConfig) -> None:
     """The budget ended the sampling: decide on what there is, or say the budget was too small."""
     n = len(result.a_ns)
     if n >= config.min_pairs:
         _decide(result, config, final=True)
-    elif n >= FEW_PAIRS:  # too few pairs for a bootstrap: a t interval of the log ratios (honest when small)
+    elif n >= FEW_PAIRS and not result.contended:  # a t interval of the log ratios (honest when small)
         estimate = block_estimate([math.log(b / a) for a, b in zip(result.a_ns, result.b_ns)], 0.95)
-        result.ratio, result.confidence = Summary(estimate.ratio, estimate.lo, estimate.hi, n), 0.95
+        result.ratio, result.confidence = Summary(estimate.ratio, estimate.lo, estimate.hi, n, "geometric mean"), 0.95
         up, down = 1 + config.margin, 1 - config.margin
         result.outcome = "slower" if estimate.lo > up else "faster" if estimate.hi < down else "undecided"
     else:
@@ -227,8 +261,23 @@ def _decide_at_budget(result: Comparison, config: BenchConfig) -> None:
     result.budget_hit = result.outcome == "undecided"
 
 
-def _decide(result: Comparison, config: BenchConfig, final: bool) -> None:
-    ratio = paired_ratio(result.a_ns, result.b_ns, confidence=DECIDE_CONFIDENCE, resamples=2000)
+def _interval(result: BenchResult, confidence: float) -> Summary | None:
+    """The paired ratio's interval; contended, widened by the A/A spread (None: too few A/A pairs yet)."""
+    ratio = paired_ratio(result.a_ns, result.b_ns, confidence=confidence, resamples=2000)
+    if not result.contended:
+        return ratio
+    result.raw_ratio = ratio
+    spread = result.aa_spread()
+    if spread is None:
+        return None
+    return Summary(ratio.center, ratio.lo * spread[0], ratio.hi * spread[1], ratio.n, ratio.statistic)
+
+
+def _decide(result: BenchResult, config: BenchConfig, final: bool) -> None:
+    ratio = _interval(result, DECIDE_CONFIDENCE)
+    if ratio is None:  # contended, and not yet enough A/A pairs to say how much
+        result.outcome = "undecided"
+        return
     result.ratio = ratio
     up, down = 1 + config.margin, 1 - config.margin
     if ratio.lo > up:
@@ -239,7 +288,7 @@ def _decide(result: Comparison, config: BenchConfig, final: bool) -> None:
         result.outcome = "no_change"
     elif final:
         # Out of time: the 99% interval straddles a margin. Call it only if the 95% interval clears it.
-        r95 = paired_ratio(result.a_ns, result.b_ns, confidence=0.95, resamples=2000)
+        r95 = _interval(result, 0.95) or ratio
         result.outcome = "slower" if r95.lo > up else "faster" if r95.hi < down else "undecided"
         if result.outcome != "undecided":
             result.ratio, result.confidence = r95, 0.95
@@ -264,13 +313,13 @@ def run_bench(fn: Callable[..., Any], other: Callable[..., Any] | None = None,
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        result = compare(lambda: call(baseline, case), lambda: call(fn, case), timer_for(case, config.metric), config)
+        result = time_pair(lambda: call(baseline, case), lambda: call(fn, case), timer_for(case, config.metric), config)
     finally:
         torch.set_num_threads(previous_threads)
     return _feedback(result, baseline_name, candidate_name, other is None, case, config)
 
 
-def fixed_duration(result: Comparison, aa: bool) -> float | None:
+def fixed_duration(result: BenchResult, aa: bool) -> float | None:
     """The returned-value ratio B/A when wall times agree while what the calls return does not (a loop that
     runs for a fixed time and returns its work), else None."""
     works = [(wa, wb) for wa, wb in zip(result.a_work, result.b_work) if wa and wb]
@@ -289,7 +338,7 @@ def fixed_duration(result: Comparison, aa: bool) -> float | None:
     return work_ratio if same_time and other_work else None
 
 
-def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case, config: BenchConfig) -> Feedback:
+def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Case, config: BenchConfig) -> Feedback:
     n = len(result.a_ns)
     per = "per unit of work" if config.metric == "return" else "per call"
     evidence = save_json("bench", {"a": a_name, "b": b_name, "metric": config.metric, "a_ns": result.a_ns,
@@ -310,7 +359,7 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
     half_width = (ratio.hi - ratio.lo) / 2
     numbers = {
         f"time[{a_name}]": Measure(a_time.median / 1e3, f"µs {per}", a_time.lo / 1e3, a_time.hi / 1e3, a_time.n),
-        "ratio": Measure(ratio.median, f"× (B/A time {per}, {result.confidence:.0%} CI)", ratio.lo, ratio.hi, ratio.n),
+        "ratio": Measure(ratio.center, f"× (B/A time {per}, {result.confidence:.0%} CI)", ratio.lo, ratio.hi, ratio.n),
         "min_detectable_effect": Measure(half_width * 100, f"% ({result.confidence:.0%} CI half-width)"),
         "mann_whitney_p": Measure(result.mann_whitney_p),
         "measuring_s": Measure(result.measuring_s, "s"),
@@ -319,10 +368,10 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
         numbers[f"time[{b_name}]"] = Measure(b_time.median / 1e3, f"µs {per}", b_time.lo / 1e3, b_time.hi / 1e3,
                                              b_time.n)
     if config.metric == "return":  # work per second, B over A: the inverse of the time per unit of work
-        numbers["work_rate_ratio"] = Measure(1 / ratio.median, f"× (B/A work per second, {result.confidence:.0%} CI)",
+        numbers["work_rate_ratio"] = Measure(1 / ratio.center, f"× (B/A work per second, {result.confidence:.0%} CI)",
                                              1 / ratio.hi if ratio.hi else None, 1 / ratio.lo if ratio.lo else None,
                                              ratio.n)
-    change = (ratio.median - 1) * 100
+    change = (ratio.center - 1) * 100
     next_probes = []
     if aa:
         verdict = "pass" if result.outcome == "no_change" else "inconclusive"
@@ -330,13 +379,14 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
                    f"(A/A {result.outcome.replace('_', ' ')})")
     else:
         verdict = {"faster": "pass", "slower": "fail"}.get(result.outcome, "inconclusive")
-        rate = f" ({b_name} does {1 / ratio.median:.3g}x [{1 / ratio.hi:.3g}, {1 / ratio.lo:.3g}] the work per second)" \
+        rate = f" ({b_name} does {1 / ratio.center:.3g}x [{1 / ratio.hi:.3g}, {1 / ratio.lo:.3g}] the work per second)" \
             if config.metric == "return" and ratio.lo > 0 else ""
         finding = {"faster": f"{b_name} is faster than {a_name} by {-change:.1f}%{rate}",
                    "slower": f"{b_name} is slower than {a_name} by {change:.1f}%{rate}",
                    "no_change": f"no detectable change (any effect is within ±{config.equivalence * 100:.0f}%)",
-                   "undecided": f"undecided: ratio {ratio.median:.3f}, smallest detectable effect "
-                                f"±{half_width * 100:.1f}%"}[result.outcome]
+                   "undecided": f"undecided: ratio {ratio.center:.3f}, smallest detectable effect "
+                                f"±{half_width * 100:.1f}%",
+                   "contended": f"ratio {ratio.center:.3f}, not trusted"}[result.outcome]
     if result.budget_hit:
         verdict, finding = "inconclusive", f"inconclusive: budget: {finding}; {_budget_note(result, config)}"
         next_probes.append(f"bench again with budget_s={_budget_needed(result, config):.0f} (--budget-s)")
@@ -346,9 +396,11 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
                     "fixed-duration loop that returns its work? Time per call cannot see that: use "
                     "metric='return' (--metric return) to compare work per second")
         next_probes.insert(0, "bench with metric='return' (--metric return)")
-    if result.others_cores is not None and result.others_cores > CONTENDED_CORES:
-        numbers["other_processes_cores"] = Measure(result.others_cores, "cores")
-        finding += f" [contended: other processes used {result.others_cores:.1f} cores while measuring]"
+    if result.contention is not None:
+        details["contention"] = {**result.contention.to_dict(), "aa_pairs": len(result.aa_ns),
+                                 "aa_spread": result.aa_spread()}
+    if result.contended:
+        verdict, finding = _contended(result, verdict, finding, numbers)
     if result.outcome == "undecided" and not result.budget_hit:
         next_probes.append("bench again with a larger budget_s")
     if result.outcome == "slower":
@@ -357,7 +409,24 @@ def _feedback(result: Comparison, a_name: str, b_name: str, aa: bool, case: Case
                     next_probes=next_probes, details=details)
 
 
-def _no_pairs(result: Comparison, a_name: str, b_name: str, aa: bool, config: BenchConfig, evidence: Any,
+def _contended(result: BenchResult, verdict: str, finding: str, numbers: dict[str, Measure]) -> tuple[str, str]:
+    """The verdict and finding of a measurement made on a busy machine: what was busy, the interval before and
+    after widening by the A/A spread, and "inconclusive: contended" when the widened interval decides nothing."""
+    contention = result.contention
+    numbers["run_delay_share"] = Measure(contention.wait_share, "of our threads' runnable time spent waiting")
+    if contention.others_cores is not None:
+        numbers["other_processes_cores"] = Measure(contention.others_cores, "cores")
+    spread, raw = result.aa_spread(), result.raw_ratio
+    measured = f"measured {raw.center:.3f} [{raw.lo:.3f}, {raw.hi:.3f}]" if raw is not None else "measured"
+    widening = (f"widened by the spread of {len(result.aa_ns)} A/A pairs measured in the same call "
+                f"(x{spread[0]:.2f} to x{spread[1]:.2f})" if spread else
+                f"only {len(result.aa_ns)} A/A pairs, too few to say how far to trust it")
+    if result.outcome == "contended":
+        return "inconclusive", f"inconclusive: contended: {contention.why}; {finding}: {measured}, {widening}"
+    return verdict, f"{finding} [contended: {contention.why}; the interval, {measured}, is {widening}]"
+
+
+def _no_pairs(result: BenchResult, a_name: str, b_name: str, aa: bool, config: BenchConfig, evidence: Any,
               details: dict, locality: dict) -> Feedback:
     """The warm-up calls alone used the budget: what they took, and the budget a verdict needs."""
     first_a, first_b = result.first_calls_s
@@ -372,11 +441,11 @@ def _no_pairs(result: Comparison, a_name: str, b_name: str, aa: bool, config: Be
                     next_probes=next_probes, details=details)
 
 
-def _budget_needed(result: Comparison, config: BenchConfig) -> float:
+def _budget_needed(result: BenchResult, config: BenchConfig) -> float:
     pair_s = sum(result.first_calls_s)
     return max(config.budget_s * 2, pair_s * (config.min_pairs + 1) * 1.2)
 
 
-def _budget_note(result: Comparison, config: BenchConfig) -> str:
+def _budget_note(result: BenchResult, config: BenchConfig) -> str:
     return (f"{len(result.a_ns)} measured pairs; a verdict needs about {config.min_pairs} "
             f"(budget_s={_budget_needed(result, config):.0f})")

@@ -10,21 +10,21 @@ mapped to the shard whose output block holds it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from infragent.probes.compare import Comparison, compare
+from infragent.probes.output_diff import OutputDiff, diff_outputs
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.guards import GuardHit, aliased_output, clone_value, dependence_guard, mutated_argument, param_names
 from infragent.probes.inputs import Case, InputsFactory, call, draw, tensors_of
 from infragent.probes.precision import ERROR_LEVELS, likely_precision
-from infragent.probes.partition import (PartitionError, PartitionSpec, combine, output_bounds,
-                                        parse_partition, shard_of, slice_text, split_case)
+from infragent.probes.partition import (Localization, PartitionError, PartitionRun, PartitionSpec, localize,
+                                        parse_partition, run_partitioned)
 
-__all__ = ["PartitionError", "Comparison", "GuardHit", "Localization", "PartitionRun", "TrialResult",
-           "compare", "matmul_inputs", "run_check", "MATMUL_SHAPES"]
+__all__ = ["PartitionError", "OutputDiff", "GuardHit", "Localization", "PartitionRun", "TrialResult",
+           "diff_outputs", "matmul_inputs", "run_check", "MATMUL_SHAPES"]
 
 # (M, K, N) of x[M, K] @ w[K, N]: odd sizes, a GEMV, long and short reductions.
 MATMUL_SHAPES = [(1, 64, 64), (17, 1023, 5), (64, 256, 129), (3, 4096, 7),
@@ -42,90 +42,6 @@ def matmul_inputs(trial: int, generator: torch.Generator) -> Case:
 
 
 @dataclass
-class Localization:
-    """Where a full-run mismatch lies in shard terms (concatenating partitions only)."""
-
-    shard: int  # shard holding the first bad index
-    shards: list[int]  # every shard with a bad element
-    slice: str  # e.g. "output[:, 512:768]"
-    range: tuple[int, int]  # [start, stop) of that shard along the partitioned output axis
-    bad_per_shard: dict[int, int]
-    bad_along: list[int] = field(default_factory=list)  # indices along that axis with a bad element (first 8)
-    bad_along_count: int = 0
-
-
-def localize(spec: PartitionSpec, comparison: Comparison) -> Localization | None:
-    """Map a comparison's bad elements to the shards of spec's output axis."""
-    bounds = output_bounds(spec, comparison.shape)
-    if bounds is None or comparison.bad_mask is None or comparison.first_bad_index is None:
-        return None
-    axis = spec.out % len(comparison.shape)
-    per_axis = comparison.bad_mask.movedim(axis, 0).reshape(comparison.shape[axis], -1).any(dim=1)
-    counts = {i: int(per_axis[start:stop].sum()) for i, (start, stop) in enumerate(bounds)}
-    shard = shard_of(spec, comparison.shape, comparison.first_bad_index)
-    start, stop = bounds[shard]
-    name = "output" if comparison.output == 0 else f"output {comparison.output}"
-    along = per_axis.nonzero().flatten().tolist()
-    return Localization(shard, [i for i, n in counts.items() if n], name + slice_text(len(comparison.shape), axis, start, stop),
-                        (start, stop), {i: n for i, n in counts.items() if n}, along[:8], len(along))
-
-
-@dataclass
-class ShardRun:
-    """The candidate and the reference on one shard's inputs."""
-
-    index: int
-    inputs: str
-    comparison: Comparison | None
-    error: str = ""
-
-
-@dataclass
-class PartitionRun:
-    """Partitioned execution of one case: per-shard comparisons and the combined result vs the full reference."""
-
-    shards: list[ShardRun]
-    combined: Comparison | None
-    error: str = ""
-
-    @property
-    def bad_shards(self) -> list[ShardRun]:
-        """Shards where the candidate disagrees with the reference on the same shard (or raised)."""
-        return [s for s in self.shards if s.error or (s.comparison and not s.comparison.ok)]
-
-    @property
-    def ok(self) -> bool:
-        """True when every shard and the combined result agree."""
-        return not self.error and not self.bad_shards and self.combined is not None and self.combined.ok
-
-
-def run_partitioned(candidate: Callable[..., Any], reference: Callable[..., Any], spec: PartitionSpec,
-                    case: Case, full_reference: Any, rtol: float | None = None) -> PartitionRun:
-    """Run candidate and reference per shard, compare them, then combine the candidate's shards."""
-    shards, outputs = [], []
-    for shard in split_case(spec, case):
-        try:
-            ref_out = call(reference, clone_value(shard.case))
-        except Exception as err:
-            raise PartitionError(f"partition {spec.text!r}: the reference fails on shard {shard.index} "
-                                 f"({shard.inputs}): {type(err).__name__}: {err}") from err
-        try:
-            out = call(candidate, shard.case)
-        except Exception as err:
-            shards.append(ShardRun(shard.index, shard.inputs, None, f"{type(err).__name__}: {err}"))
-            continue
-        outputs.append(out)
-        shards.append(ShardRun(shard.index, shard.inputs, compare(out, ref_out, case.reduction, rtol)))
-    if len(outputs) < len(shards):
-        return PartitionRun(shards, None, "the candidate raised on a shard")
-    try:
-        combined = compare(combine(spec, outputs), full_reference, case.reduction, rtol)
-    except Exception as err:
-        return PartitionRun(shards, None, f"combining shard outputs failed: {type(err).__name__}: {err}")
-    return PartitionRun(shards, combined)
-
-
-@dataclass
 class TrialResult:
     """One trial: the case, the full-run comparison, and the partition results when asked."""
 
@@ -133,7 +49,7 @@ class TrialResult:
     label: str
     shapes: list[tuple[int, ...]]
     reduction: int | None
-    comparison: Comparison | None
+    comparison: OutputDiff | None
     error: str = ""  # the candidate raised
     reference_error: str = ""
     localization: Localization | None = None
@@ -193,7 +109,7 @@ def _trial(candidate: Callable[..., Any], reference: Callable[..., Any], case: C
     if aliased and "output_alias" not in seen and not aliased_output(ref_out, ref_case, params):
         hits.append(GuardHit("output_alias", f"candidate output aliases its input {aliased} (shares its storage)",
                              trial, label, {"argument": aliased}))
-    comparison = compare(out, ref_out, reduction, rtol)
+    comparison = diff_outputs(out, ref_out, reduction, rtol)
     result.comparison = comparison
     if comparison.nonfinite and "nonfinite_output" not in seen:
         hits.append(GuardHit("nonfinite_output", f"candidate produces NaN/Inf where the reference is finite: "
@@ -254,7 +170,7 @@ def _err(x: float) -> str:
     return f"{x:.1e}"
 
 
-def _partitioned_comparisons(results: list[TrialResult]) -> list[tuple[TrialResult, str, Comparison]]:
+def _partitioned_comparisons(results: list[TrialResult]) -> list[tuple[TrialResult, str, OutputDiff]]:
     """(trial, 'shard I' or 'combined', comparison) for every partitioned comparison that ran."""
     return [(r, name, c) for r in results if r.partitioned
             for name, c in [(f"shard {s.index}", s.comparison) for s in r.partitioned.shards]
@@ -276,7 +192,7 @@ WRONG_LEVEL = 2.0 ** (max(ERROR_LEVELS.values()) + 3)  # 8x the coarsest operand
 MISSING_SHARE = 0.9  # of the bad elements exactly 0 where the reference is not: values missing
 
 
-def _precision_note(max_rel_err: float, comparison: Comparison | None = None) -> str:
+def _precision_note(max_rel_err: float, comparison: OutputDiff | None = None) -> str:
     """What kind of error this is: values missing (zeros where the reference has values), values wrong (an
     error far above any precision's rounding level: no dtype is to blame), or the error level of an operand
     precision when it is one."""

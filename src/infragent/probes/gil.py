@@ -184,7 +184,7 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
     return GilRecording(trace_path, pyspy_path if held is not None else None, held, notes, states)
 
 
-def analyze(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
+def gil_report(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
             threshold: float = WAIT_THRESHOLD, notes: list[str] | None = None) -> GilReport:
     """Join the recording into a GilReport (pure: no processes, no files)."""
     threads = [r for r in thread_rows(trace, held) if r.thread != SAMPLER_THREAD]
@@ -348,7 +348,7 @@ def _judge(workload_name: str, rec: GilRecording, threshold: float, out_dir: Pat
             evidence.append(Evidence.of(rec.pyspy_path, "py-spy --gil samples (speedscope)"))
         return threads_feedback(workload_name, trace, rec.held, rec.states, threshold, rec.notes, evidence,
                                 {SAMPLER_THREAD})
-    report = analyze(workload_name, trace, rec.held, threshold, rec.notes)
+    report = gil_report(workload_name, trace, rec.held, threshold, rec.notes)
     shares = out_dir / "shares.json"
     shares.write_text(json.dumps({"threads": [r.to_dict() for r in report.threads],
                                   "spans": [r.to_dict() for r in report.spans],

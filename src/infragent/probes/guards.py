@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from infragent.probes.compare import compare, output_tensors
+from infragent.probes.output_diff import diff_outputs, output_tensors
 from infragent.probes.inputs import Case, InputsFactory, call, draw, tensors_of
 
 
@@ -125,7 +125,7 @@ def dependence_guard(candidate: Callable[..., Any], reference: Callable[..., Any
         return []  # the main loop reports the exception
     label = a.label or "trial 0"
     if _identical(out_a, out_b):
-        if compare(out_a, ref_a, a.reduction, rtol).ok:
+        if diff_outputs(out_a, ref_a, a.reduction, rtol).ok:
             return [GuardHit("output_caching", "candidate caches its output: a second call with new inputs "
                              "returned the first call's result", 0, label, {"calls": "first, second"})]
         return [GuardHit("constant_output", "candidate output does not depend on its inputs: "

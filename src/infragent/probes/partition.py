@@ -1,4 +1,5 @@
-"""Partition specs ('column:4', 'splitk:4', 'heads:4:dim=1', 'batch:2'): parse, shard a case, combine.
+"""Partition specs ('column:4', 'splitk:4', 'heads:4:dim=1', 'batch:2'): parse, shard a case, combine; and the
+partitioned check: the candidate and reference shard by shard, and a full-run mismatch located in shard terms.
 
 Grammar: KIND:COUNT[:OPTIONS], OPTIONS = comma-separated key=value; list values are joined by '+'.
 
@@ -16,12 +17,14 @@ element; an axis shorter than COUNT leaves empty shards, which are skipped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
-from infragent.probes.inputs import Case
+from infragent.probes.guards import clone_value
+from infragent.probes.inputs import Case, call
+from infragent.probes.output_diff import OutputDiff, diff_outputs
 
 
 class PartitionError(ValueError):
@@ -217,3 +220,87 @@ def shard_of(spec: PartitionSpec, shape: tuple[int, ...], index: tuple[int, ...]
         return None
     position = index[spec.out % len(shape)]
     return next(i for i, (start, stop) in enumerate(bounds) if start <= position < stop)
+
+
+@dataclass
+class Localization:
+    """Where a full-run mismatch lies in shard terms (concatenating partitions only)."""
+
+    shard: int  # shard holding the first bad index
+    shards: list[int]  # every shard with a bad element
+    slice: str  # e.g. "output[:, 512:768]"
+    range: tuple[int, int]  # [start, stop) of that shard along the partitioned output axis
+    bad_per_shard: dict[int, int]
+    bad_along: list[int] = field(default_factory=list)  # indices along that axis with a bad element (first 8)
+    bad_along_count: int = 0
+
+
+def localize(spec: PartitionSpec, comparison: OutputDiff) -> Localization | None:
+    """Map a comparison's bad elements to the shards of spec's output axis."""
+    bounds = output_bounds(spec, comparison.shape)
+    if bounds is None or comparison.bad_mask is None or comparison.first_bad_index is None:
+        return None
+    axis = spec.out % len(comparison.shape)
+    per_axis = comparison.bad_mask.movedim(axis, 0).reshape(comparison.shape[axis], -1).any(dim=1)
+    counts = {i: int(per_axis[start:stop].sum()) for i, (start, stop) in enumerate(bounds)}
+    shard = shard_of(spec, comparison.shape, comparison.first_bad_index)
+    start, stop = bounds[shard]
+    name = "output" if comparison.output == 0 else f"output {comparison.output}"
+    along = per_axis.nonzero().flatten().tolist()
+    return Localization(shard, [i for i, n in counts.items() if n], name + slice_text(len(comparison.shape), axis, start, stop),
+                        (start, stop), {i: n for i, n in counts.items() if n}, along[:8], len(along))
+
+
+@dataclass
+class ShardRun:
+    """The candidate and the reference on one shard's inputs."""
+
+    index: int
+    inputs: str
+    comparison: OutputDiff | None
+    error: str = ""
+
+
+@dataclass
+class PartitionRun:
+    """Partitioned execution of one case: per-shard comparisons and the combined result vs the full reference."""
+
+    shards: list[ShardRun]
+    combined: OutputDiff | None
+    error: str = ""
+
+    @property
+    def bad_shards(self) -> list[ShardRun]:
+        """Shards where the candidate disagrees with the reference on the same shard (or raised)."""
+        return [s for s in self.shards if s.error or (s.comparison and not s.comparison.ok)]
+
+    @property
+    def ok(self) -> bool:
+        """True when every shard and the combined result agree."""
+        return not self.error and not self.bad_shards and self.combined is not None and self.combined.ok
+
+
+def run_partitioned(candidate: Callable[..., Any], reference: Callable[..., Any], spec: PartitionSpec,
+                    case: Case, full_reference: Any, rtol: float | None = None) -> PartitionRun:
+    """Run candidate and reference per shard, compare them, then combine the candidate's shards."""
+    shards, outputs = [], []
+    for shard in split_case(spec, case):
+        try:
+            ref_out = call(reference, clone_value(shard.case))
+        except Exception as err:
+            raise PartitionError(f"partition {spec.text!r}: the reference fails on shard {shard.index} "
+                                 f"({shard.inputs}): {type(err).__name__}: {err}") from err
+        try:
+            out = call(candidate, shard.case)
+        except Exception as err:
+            shards.append(ShardRun(shard.index, shard.inputs, None, f"{type(err).__name__}: {err}"))
+            continue
+        outputs.append(out)
+        shards.append(ShardRun(shard.index, shard.inputs, diff_outputs(out, ref_out, case.reduction, rtol)))
+    if len(outputs) < len(shards):
+        return PartitionRun(shards, None, "the candidate raised on a shard")
+    try:
+        combined = diff_outputs(combine(spec, outputs), full_reference, case.reduction, rtol)
+    except Exception as err:
+        return PartitionRun(shards, None, f"combining shard outputs failed: {type(err).__name__}: {err}")
+    return PartitionRun(shards, combined)

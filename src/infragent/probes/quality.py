@@ -113,15 +113,15 @@ def quality_feedback(samples: QualitySamples, label: str = "candidate") -> Feedb
     numbers = {
         "perplexity_reference": Measure(ppl_r, n=len(diff)),
         "perplexity_candidate": Measure(ppl_c, n=len(diff)),
-        "perplexity_increase": Measure(float(np.expm1(d.median)), "", float(np.expm1(d.lo)), float(np.expm1(d.hi)),
+        "perplexity_increase": Measure(float(np.expm1(d.center)), "", float(np.expm1(d.lo)), float(np.expm1(d.hi)),
                                        d.n),
-        "kl_divergence": Measure(kl.median, "nats", kl.lo, kl.hi, kl.n),
-        "greedy_agreement": Measure(agree.median, "", agree.lo, agree.hi, agree.n),
+        "kl_divergence": Measure(kl.center, "nats", kl.lo, kl.hi, kl.n),
+        "greedy_agreement": Measure(agree.center, "", agree.lo, agree.hi, agree.n),
         "greedy_exact": Measure(float(np.mean(samples.exact)), n=len(samples.exact)),
     }
     evidence = save_json("quality", asdict(samples), f"{label}: per-window NLL and KL, per-prompt agreement")
     finding = (f"{label}: perplexity {ppl_c:.3f} vs {ppl_r:.3f} ({numbers['perplexity_increase'].text()}), "
-               f"KL {kl.median:.2e} nats, greedy agreement {agree.median:.3f} "
+               f"KL {kl.center:.2e} nats, greedy agreement {agree.center:.3f} "
                f"({sum(samples.exact)}/{len(samples.exact)} continuations identical)")
     return Feedback("quality", "pass", finding, numbers=numbers, evidence=[evidence],
                     details={"windows": len(diff), "prompts": len(samples.agreement)})

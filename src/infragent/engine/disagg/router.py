@@ -1,4 +1,4 @@
-"""DisaggEngine: the router of `infragent serve --disagg`, with AsyncEngine's interface for the HTTP app.
+"""DisaggEngine: the router of `infragent serve --disagg`, a ServingEngine (engine/serving.py) like AsyncEngine.
 
 The router tokenizes and validates, gives each request store blocks (and a KDA state slot), sends it to the
 least-loaded live prefill worker, hands it to the least-loaded live decode worker once its KV is in the
@@ -13,11 +13,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import itertools
 import logging
-import multiprocessing
-import os
 import queue
 import threading
 import time
@@ -25,14 +22,16 @@ from dataclasses import dataclass, field
 
 from infragent.engine.config import ConfigError, EngineConfig
 from infragent.engine.deltas import Delta
-from infragent.engine.disagg.store import SharedStore, StoreIndex, StoreLayout
-from infragent.engine.disagg.tcp_store import StoreServer
-from infragent.engine.disagg.worker import run_worker
+from infragent.engine.disagg.messages import (Abort, Admitted, AttachStore, Decode, Deltas, Dropped, Failed, Prefill,
+                                               Prefilled, Released, TextDelta, ToRouter, ToWorker)
+from infragent.engine.disagg.processes import (WorkerHandle, open_store, read_messages, spawn_workers, stop_workers,
+                                               wait_ready)
+from infragent.engine.disagg.store import StoreIndex
 from infragent.engine.gguf_weights import read_gguf
-from infragent.engine.llm_engine import make_sequence
+from infragent.engine.requests import make_sequence
 from infragent.engine.sampling import RequestError, SamplingParams
-from infragent.engine.server.async_engine import QueueFull, RequestStream
-from infragent.engine.server.metrics import ServerMetrics
+from infragent.engine.metrics import ServerMetrics
+from infragent.engine.serving import Admission, RequestStream, ServingEngine
 from infragent.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("infragent.disagg")
@@ -67,21 +66,6 @@ class DisaggConfig:
 
 
 @dataclass
-class WorkerHandle:
-    """A worker process, its end of the pipe and its state as the router sees it."""
-
-    role: str
-    index: int  # position in the router's list; the store index records it as an entry's holder
-    process: multiprocessing.process.BaseProcess
-    conn: object
-    alive: bool = True
-
-    @property
-    def name(self) -> str:
-        return f"{self.role} worker {self.index} (pid {self.process.pid})"
-
-
-@dataclass
 class Flight:
     """One request between submit and its last delta."""
 
@@ -95,49 +79,47 @@ class Flight:
     rid: str = field(default="")
 
 
-class DisaggEngine:
+class DisaggEngine(ServingEngine):
     """Router + prefill workers + decode workers + KV store."""
 
     def __init__(self, config: EngineConfig, disagg: DisaggConfig | None = None, max_waiting: int = 256,
                  metrics: ServerMetrics | None = None) -> None:
         self.disagg = disagg = disagg or DisaggConfig()
         disagg.check(config)
-        self.max_waiting = max_waiting
+        self.admission = Admission(max_waiting)  # pending: submitted, not yet sent to a prefill worker
         self.metrics = metrics or ServerMetrics()
         self.tokenizer = Tokenizer.from_reader(read_gguf(config.gguf_path))
-        self.workers = _spawn_workers(config, disagg)
+        self.workers = spawn_workers(config, disagg.prefill_workers, disagg.decode_workers, disagg.transfer_timeout_s)
         try:
-            infos = [self._wait_ready(w) for w in self.workers]
-            layout = infos[-1]["layout"]  # a decode worker's: the store holds what one decode cache holds
-            self.store = self._open_store(layout)
+            infos = [wait_ready(w, disagg.start_timeout_s) for w in self.workers]
+            layout = infos[-1].layout  # a decode worker's: the store holds what one decode cache holds
+            self.store = open_store(layout, disagg.kv_store)
         except BaseException:
-            self._stop_workers()
+            stop_workers(self.workers)
             raise
         for w in self.workers:
-            w.conn.send(("store", self.store.spec))
+            w.send(AttachStore(self.store.address))
             log.info("%s ready", w.name)
-        log.info("KV store: %s, %d blocks of %d tokens, %d state slots", self.store.spec[0], layout.num_blocks,
+        log.info("KV store: %s, %d blocks of %d tokens, %d state slots", self.store.address[0], layout.num_blocks,
                  layout.block_size, layout.num_state_slots)
         self.index = StoreIndex(layout)
-        self.vocab_size, self.max_model_len = infos[0]["vocab_size"], infos[0]["max_model_len"]
+        self.vocab_size, self.max_model_len = infos[0].vocab_size, infos[0].max_model_len
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._flights: dict[str, Flight] = {}
         self._queued: collections.deque[Flight] = collections.deque()
-        self._lock = threading.Lock()
-        self._not_started = 0  # submitted, not yet sent to a prefill worker
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
 
-    # the AsyncEngine interface the app uses
+    # the ServingEngine interface the app uses
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the router thread and one reader per worker; deltas are delivered on loop."""
         self._loop = loop
         self._publish_gauges()  # /metrics shows the workers from the first request on, not after the first route
-        self._threads = [threading.Thread(target=self._read, args=(w,), name=f"read-{w.role}-{w.index}",
-                                          daemon=True) for w in self.workers]
+        self._threads = [threading.Thread(target=read_messages, args=(w, self._inbox, self._stop),
+                                          name=f"read-{w.role}-{w.index}", daemon=True) for w in self.workers]
         self._threads.append(threading.Thread(target=self._route, name="router", daemon=True))
         for thread in self._threads:
             thread.start()
@@ -147,7 +129,7 @@ class DisaggEngine:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout)
-        self._stop_workers(timeout)
+        stop_workers(self.workers, timeout)
         self.store.close()
 
     def is_alive(self) -> bool:
@@ -155,26 +137,21 @@ class DisaggEngine:
         router = bool(self._threads) and self._threads[-1].is_alive()
         return router and all(any(w.alive for w in self.workers if w.role == role) for role in ("prefill", "decode"))
 
-    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str = "") -> RequestStream:
+    def submit_choices(self, prompt: str | list[int], params: SamplingParams, n: int,
+                       request_id: str = "") -> list[RequestStream]:
         """Validate and queue a request (RequestError names a bad field; QueueFull means answer 429)."""
-        with self._lock:
-            if self._not_started >= self.max_waiting:
-                raise QueueFull(f"{self._not_started} requests are waiting (max_waiting={self.max_waiting}); "
-                                f"retry later")
-            self._not_started += 1
-        try:
+        with self.admission.submitting():
             if params.logprobs is not None or params.prompt_top_logprobs is not None:
                 raise RequestError("logprobs: not served by the disaggregated router yet (the first token is "
                                    "sampled in a prefill worker); leave it out or serve without --disagg")
+            if n != 1:
+                raise RequestError("n: more than one choice is not served by the disaggregated router yet; "
+                                   "send n=1 or serve without --disagg")
             seq = make_sequence(self.tokenizer, self.vocab_size, self.max_model_len, prompt, params,
                                 request_id or f"disagg-{next(self._ids)}")
-        except Exception:
-            with self._lock:
-                self._not_started -= 1
-            raise
         stream = RequestStream(seq)
         self._inbox.put(("add", stream))
-        return stream
+        return [stream]
 
     def abort(self, stream: RequestStream) -> None:
         """Drop the request wherever it is (its store blocks are freed once its worker lets go)."""
@@ -212,27 +189,25 @@ class DisaggEngine:
         else:
             self._on_message(item[1], item[2])
 
-    def _on_message(self, worker: WorkerHandle, message: tuple) -> None:
-        kind, rid = message[0], message[1]
-        if kind == "prefilled":
-            self._prefilled(rid, *message[2:])
-        elif kind in ("admitted", "dropped"):
-            self.index.free(rid)
-            flight = self._flights.get(rid)
-            if flight is not None and kind == "admitted":
+    def _on_message(self, worker: WorkerHandle, message: ToRouter) -> None:
+        if isinstance(message, Prefilled):
+            self._prefilled(message)
+        elif isinstance(message, (Admitted, Dropped)):
+            self.index.free(message.rid)
+            flight = self._flights.get(message.rid)
+            if flight is not None and isinstance(message, Admitted):
                 flight.admitted = True
                 flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s
-        elif kind == "deltas":
-            self._deltas(message[1])
-        elif kind == "failed":
-            _, rid, text, released = message
-            if released:
-                self.index.free(rid)
-            flight = self._flights.get(rid)
+        elif isinstance(message, Deltas):
+            self._deltas(message.deltas)
+        elif isinstance(message, Failed):
+            if message.released:
+                self.index.free(message.rid)
+            flight = self._flights.get(message.rid)
             if flight is not None:
-                self._fail(flight, text, "worker_error")
-        elif kind == "released":
-            for fenced in rid:
+                self._fail(flight, message.message, "worker_error")
+        elif isinstance(message, Released):
+            for fenced in message.rids:
                 self.index.free(fenced)
 
     def _dispatch(self) -> None:
@@ -257,10 +232,10 @@ class DisaggEngine:
             self._started()
             flight.stage, flight.worker = "prefill", worker
             flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s
-            self._send(worker, ("prefill", flight.rid, seq.prompt_token_ids, seq.params, entry.blocks,
-                                entry.state_slot))
+            self._send(worker, Prefill(flight.rid, seq.prompt_token_ids, seq.params, entry.blocks, entry.state_slot))
 
-    def _prefilled(self, rid: str, first_token: int, generator_state: bytes | None) -> None:
+    def _prefilled(self, message: Prefilled) -> None:
+        rid = message.rid
         flight = self._flights.get(rid)
         if flight is None:  # aborted or failed meanwhile
             self.index.free(rid)
@@ -277,12 +252,13 @@ class DisaggEngine:
         flight.stage, flight.worker = "decode", worker
         flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s
         seq = flight.stream.seq
-        self._send(worker, ("decode", rid, seq.prompt_token_ids, seq.params, first_token, generator_state,
-                            entry.blocks, entry.state_slot))
+        self._send(worker, Decode(rid, seq.prompt_token_ids, seq.params, message.first_token,
+                                  message.generator_state, entry.blocks, entry.state_slot))
 
-    def _deltas(self, deltas: list[tuple]) -> None:
+    def _deltas(self, deltas: list[TextDelta]) -> None:
         now = time.perf_counter()
-        for rid, text, tokens, finish_reason in deltas:
+        for delta in deltas:
+            rid, tokens = delta.rid, delta.completion_tokens
             flight = self._flights.get(rid)
             if flight is None:
                 continue
@@ -292,9 +268,9 @@ class DisaggEngine:
                 self.metrics.itl.observe(now - flight.last_token_time)
             flight.last_token_time, flight.completion_tokens = now, tokens
             flight.deadline = time.monotonic() + self.disagg.transfer_timeout_s  # a stuck decode fails too
-            if finish_reason is not None:
+            if delta.finish_reason is not None:
                 del self._flights[rid]
-            self._post(flight, Delta(text, tokens, finish_reason))
+            self._post(flight, Delta(delta.text, tokens, delta.finish_reason))
 
     def _died(self, worker: WorkerHandle) -> None:
         """Fail every request the worker held; free the store entries it could still touch."""
@@ -322,13 +298,11 @@ class DisaggEngine:
     def _leave(self, flight: Flight) -> None:
         """Tell the worker holding a flight to drop it (the entry is freed when it answers)."""
         if flight.worker is not None and flight.worker.alive:
-            self._send(flight.worker, ("abort", flight.rid))
+            self._send(flight.worker, Abort(flight.rid))
 
-    def _send(self, worker: WorkerHandle, message: tuple) -> None:
+    def _send(self, worker: WorkerHandle, message: ToWorker) -> None:
         """To a worker's pipe; a broken pipe means it died (its flights fail now, not at a timeout)."""
-        try:
-            worker.conn.send(message)
-        except (OSError, ValueError):
+        if not worker.send(message):
             self._died(worker)
 
     def _fail(self, flight: Flight, message: str, cause: str) -> None:
@@ -337,8 +311,7 @@ class DisaggEngine:
         self._post(flight, Delta("", flight.completion_tokens, None, error=message))
 
     def _started(self) -> None:
-        with self._lock:
-            self._not_started -= 1
+        self.admission.taken()
 
     def _least_loaded(self, role: str) -> WorkerHandle | None:
         live = [w for w in self.workers if w.role == role and w.alive]
@@ -364,80 +337,3 @@ class DisaggEngine:
                                kv_blocks_total=layout.num_blocks,
                                state_slots_used=layout.num_state_slots - len(index.free_slots),
                                state_slots_total=layout.num_state_slots)
-
-    # the workers' side
-
-    def _read(self, worker: WorkerHandle) -> None:
-        """Pipe messages → the router's inbox; a closed pipe or a dead process → ("died", worker)."""
-        while not self._stop.is_set():
-            try:
-                if worker.conn.poll(0.2):
-                    self._inbox.put(("message", worker, worker.conn.recv()))
-                elif not worker.process.is_alive():
-                    break
-            except (EOFError, OSError):
-                break
-        if not self._stop.is_set():
-            self._inbox.put(("died", worker))
-
-    def _wait_ready(self, worker: WorkerHandle) -> dict:
-        deadline = time.monotonic() + self.disagg.start_timeout_s
-        while time.monotonic() < deadline:
-            if worker.conn.poll(0.5):
-                kind, info = worker.conn.recv()
-                if kind == "broken":
-                    raise ConfigError(f"disagg: {worker.name} could not start: {info}")
-                return info
-            if not worker.process.is_alive():
-                raise RuntimeError(f"disagg: {worker.name} exited (code {worker.process.exitcode}) while starting")
-        raise TimeoutError(f"disagg: {worker.name} was not ready within {self.disagg.start_timeout_s:g} s")
-
-    def _open_store(self, layout: StoreLayout) -> SharedStore | StoreServer:
-        """The shared-memory store, or the TCP one when asked for or when shared memory is unavailable."""
-        if self.disagg.kv_store == "shm":
-            free = _shm_free_bytes()
-            if free is not None and free < layout.nbytes:  # a segment past tmpfs's space dies with SIGBUS on use
-                log.warning("/dev/shm has %d MB free, the KV store needs %d MB; it falls back to TCP (lower "
-                            "kv_cache_gb, or give the container a larger /dev/shm)", free >> 20, layout.nbytes >> 20)
-            else:
-                try:
-                    return SharedStore(layout)
-                except OSError as err:
-                    log.warning("shared memory unavailable (%s); the KV store falls back to TCP", err)
-        return StoreServer(layout)
-
-    def _stop_workers(self, timeout: float = 10.0) -> None:
-        for w in self.workers:
-            with contextlib.suppress(OSError, ValueError):  # already dead: its pipe is closed
-                w.conn.send(("stop",))
-        for w in self.workers:
-            w.process.join(timeout)
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join(5)
-
-
-def _spawn_workers(config: EngineConfig, disagg: DisaggConfig) -> list[WorkerHandle]:
-    """Start the prefill workers, then the decode workers (prefix caching off: every prompt's KV must go out)."""
-    base = dataclasses.replace(config, enable_prefix_caching=False)
-    configs = {"prefill": dataclasses.replace(base, kv_transfer=True), "decode": base}
-    roles = ["prefill"] * disagg.prefill_workers + ["decode"] * disagg.decode_workers
-    context = multiprocessing.get_context("spawn")
-    workers = []
-    for index, role in enumerate(roles):
-        ours, theirs = context.Pipe()
-        process = context.Process(target=run_worker, args=(role, configs[role], theirs, disagg.transfer_timeout_s),
-                                  name=f"infragent-{role}-{index}", daemon=True)
-        process.start()
-        theirs.close()
-        workers.append(WorkerHandle(role, index, process, ours))
-    return workers
-
-
-def _shm_free_bytes() -> int | None:
-    """Free bytes of /dev/shm (None where there is no such mount)."""
-    try:
-        stat = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    return stat.f_bavail * stat.f_frsize

@@ -90,7 +90,7 @@ class SharedStore(KVPool):
         super().__init__(layout, self._shm.buf)
 
     @property
-    def spec(self) -> tuple:
+    def address(self) -> tuple:
         """What a worker needs to attach: ("shm", name, layout)."""
         return ("shm", self._shm.name, self.layout)
 
@@ -143,15 +143,6 @@ class StoreIndex:
     def held_by(self, holder: int) -> list[str]:
         """Requests whose entry the given worker holds."""
         return [rid for rid, entry in self.entries.items() if entry.holder == holder]
-
-
-def connect(spec: tuple, timeout_s: float = 60.0) -> KVPool:
-    """A worker's client for the store the router described: shared memory, or TCP."""
-    if spec[0] == "shm":
-        return SharedStore(spec[2], name=spec[1])
-    from infragent.engine.disagg.tcp_store import TCPStoreClient
-
-    return TCPStoreClient(spec[1], spec[2], spec[3], timeout_s)
 
 
 def _slots(blocks: list[int], num_tokens: int, block_size: int) -> torch.Tensor:

@@ -45,7 +45,7 @@ class StoreServer:
         self._thread.start()
 
     @property
-    def spec(self) -> tuple:
+    def address(self) -> tuple:
         """What a worker needs to connect: ("tcp", host, port, layout)."""
         host, port = self._server.server_address[:2]
         return ("tcp", host, port, self.layout)

@@ -6,13 +6,7 @@ when they have landed, then the KDA states go in and the router hears "prefilled
 request's K/V and states out of the store into its own cache when it has room (admission), appends the
 first token and decodes, sending each step's text deltas.
 
-Messages (tuples over a multiprocessing Pipe):
-  router → worker  ("store", spec) once; ("prefill", rid, token_ids, params, blocks, state_slot);
-                   ("decode", rid, token_ids, params, first_token, generator_state, blocks, state_slot);
-                   ("abort", rid); ("stop",)
-  worker → router  ("ready", info) | ("broken", message) once; ("prefilled", rid, first_token, generator_state);
-                   ("admitted", rid); ("dropped", rid); ("deltas", [(rid, text, tokens, finish_reason)]);
-                   ("failed", rid, message, released); ("released", [rid])
+Messages: engine/disagg/messages.py.
 """
 from __future__ import annotations
 
@@ -26,7 +20,12 @@ import torch
 
 from infragent.engine.config import EngineConfig
 from infragent.engine.deltas import TextCursor
-from infragent.engine.disagg.store import StoreLayout, connect
+from infragent.engine.disagg.admission import admit_prefilled, fits
+from infragent.engine.disagg.messages import (Abort, Admitted, AttachStore, Broken, Decode, Deltas, Dropped, Failed,
+                                               Prefill, Prefilled, Ready, Released, Stop, TextDelta, ToWorker,
+                                               WorkerInfo)
+from infragent.engine.disagg.store import KVPool, SharedStore, StoreLayout
+from infragent.engine.disagg.tcp_store import TCPStoreClient
 from infragent.engine.kv_transfer import TransferTimeout
 from infragent.engine.llm_engine import LLMEngine, StepUpdate
 from infragent.engine.scheduler import ScheduledBatch
@@ -40,22 +39,29 @@ def run_worker(role: str, config: EngineConfig, conn: Connection, timeout_s: flo
     try:
         engine = LLMEngine(config)
     except Exception as err:  # the router reports it and does not wait for the ready message
-        conn.send(("broken", f"{type(err).__name__}: {err}"))
+        conn.send(Broken(f"{type(err).__name__}: {err}"))
         return
-    spec = engine.spec
-    kda = spec.num_kda_layers
-    layout = StoreLayout(engine.blocks.num_blocks, engine.kv_cache.block_size, spec.num_attention_layers,
-                         spec.num_kv_heads * spec.head_dim, config.max_num_seqs * 2,
-                         (kda, spec.kda_num_heads, spec.kda_head_k_dim, spec.kda_head_v_dim) if kda else ())
-    conn.send(("ready", {"layout": layout, "vocab_size": spec.vocab_size, "max_model_len": engine.max_model_len}))
+    shape = engine.shape
+    kda = shape.num_kda_layers
+    layout = StoreLayout(engine.blocks.num_blocks, engine.kv_cache.block_size, shape.num_attention_layers,
+                         shape.num_kv_heads * shape.head_dim, config.max_num_seqs * 2,
+                         (kda, shape.kda_num_heads, shape.kda_head_k_dim, shape.kda_head_v_dim) if kda else ())
+    conn.send(Ready(WorkerInfo(layout, shape.vocab_size, engine.max_model_len)))
     try:
         with contextlib.suppress(EOFError, OSError):  # the router is gone: stop
-            _, store_spec = conn.recv()
-            store = connect(store_spec, timeout_s)
+            attach: AttachStore = conn.recv()
+            store = connect(attach.address, timeout_s)
             worker = (PrefillWorker if role == "prefill" else DecodeWorker)(engine, store, conn, timeout_s)
             worker.serve()
     finally:
         engine.close()
+
+
+def connect(address: tuple, timeout_s: float = 60.0) -> KVPool:
+    """A worker's client for the store the router described: shared memory, or TCP."""
+    if address[0] == "shm":
+        return SharedStore(address[2], name=address[1])
+    return TCPStoreClient(address[1], address[2], address[3], timeout_s)
 
 
 class Worker:
@@ -68,12 +74,12 @@ class Worker:
         self.seqs: dict[str, Sequence] = {}
 
     def serve(self) -> None:
-        """Until ("stop",) or the router's end of the pipe closes."""
+        """Until Stop or the router's end of the pipe closes."""
         while True:
             wait = 0.0 if self.engine.has_unfinished() or self.backlog() else 0.05
             while self.conn.poll(wait):
                 message = self.conn.recv()
-                if message[0] == "stop":
+                if isinstance(message, Stop):
                     return
                 self.handle(message)
                 wait = 0.0
@@ -88,13 +94,13 @@ class Worker:
                 continue
             self.after_step(update)
 
-    def handle(self, message: tuple) -> None:
-        """One router message (besides stop)."""
-        if message[0] == "abort":
-            seq = self.seqs.pop(message[1], None)
+    def handle(self, message: ToWorker) -> None:
+        """One router message (besides Stop)."""
+        if isinstance(message, Abort):
+            seq = self.seqs.pop(message.rid, None)
             if seq is not None:
                 self.engine.abort(seq)
-            self.conn.send(("dropped", message[1]))
+            self.conn.send(Dropped(message.rid))
 
     def backlog(self) -> bool:
         """Work waiting outside the engine."""
@@ -110,7 +116,7 @@ class Worker:
         """Abort every request in flight and tell the router why."""
         for rid, seq in self.seqs.items():
             self.engine.abort(seq)
-            self.conn.send(("failed", rid, f"{self.role} worker: {err}", True))
+            self.conn.send(Failed(rid, f"{self.role} worker: {err}", True))
         self.seqs.clear()
 
 
@@ -127,26 +133,26 @@ class PrefillWorker(Worker):
         self.entries: dict[str, tuple[list[int], int | None]] = {}
         self.fenced: list[str] = []  # failed on a transfer timeout: late rows may still land in their blocks
 
-    def handle(self, message: tuple) -> None:
-        if message[0] == "abort":
-            if message[1] in self.fenced:
-                return  # its blocks are freed by "released", once late rows can no longer land in them
-            self.entries.pop(message[1], None)
-        if message[0] != "prefill":
+    def handle(self, message: ToWorker) -> None:
+        if isinstance(message, Abort):
+            if message.rid in self.fenced:
+                return  # its blocks are freed by Released, once late rows can no longer land in them
+            self.entries.pop(message.rid, None)
+        if not isinstance(message, Prefill):
             return super().handle(message)
-        _, rid, token_ids, params, blocks, state_slot = message
+        rid = message.rid
         try:
-            seq = self.engine.make_sequence(token_ids, dataclasses.replace(params, max_tokens=1), rid)
+            seq = self.engine.make_sequence(message.token_ids, dataclasses.replace(message.params, max_tokens=1), rid)
         except Exception as err:
-            self.conn.send(("failed", rid, f"prefill worker: {err}", True))
+            self.conn.send(Failed(rid, f"prefill worker: {err}", True))
             return
-        self.entries[rid] = (blocks, state_slot)
+        self.entries[rid] = (message.blocks, message.state_slot)
         self.seqs[rid] = seq
         self.engine.add_sequence(seq)
 
     def before_step(self) -> None:
         if self.fenced and not self.transfer.busy():
-            self.conn.send(("released", self.fenced))
+            self.conn.send(Released(self.fenced))
             self.fenced = []
 
     def after_step(self, update: StepUpdate) -> None:
@@ -154,7 +160,7 @@ class PrefillWorker(Worker):
             self.seqs.pop(seq.request_id, None)
             self.entries.pop(seq.request_id, None)
             state = bytes(seq.generator.get_state().numpy()) if seq.generator is not None else None
-            self.conn.send(("prefilled", seq.request_id, seq.output_token_ids[0], state))
+            self.conn.send(Prefilled(seq.request_id, seq.output_token_ids[0], state))
 
     def fail_all(self, err: Exception) -> None:
         self.engine.kv_cache.discard_unsent()  # rows of the failed forward not yet handed to the transfer
@@ -163,7 +169,7 @@ class PrefillWorker(Worker):
             self.fenced += list(self.seqs)
             for rid, seq in self.seqs.items():
                 self.engine.abort(seq)
-                self.conn.send(("failed", rid, f"prefill worker: {err}", False))
+                self.conn.send(Failed(rid, f"prefill worker: {err}", False))
             self.seqs.clear()
         else:
             super().fail_all(err)
@@ -194,16 +200,17 @@ class DecodeWorker(Worker):
 
     def __init__(self, engine: LLMEngine, store: object, conn: Connection, timeout_s: float) -> None:
         super().__init__(engine, store, conn)
-        self.pending: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+        self.pending: collections.OrderedDict[str, Decode] = collections.OrderedDict()
         self.cursors: dict[str, TextCursor] = {}
 
-    def handle(self, message: tuple) -> None:
-        if message[0] == "decode":
-            self.pending[message[1]] = message[2:]
-        elif message[0] == "abort" and self.pending.pop(message[1], None) is not None:
-            self.conn.send(("dropped", message[1]))
+    def handle(self, message: ToWorker) -> None:
+        if isinstance(message, Decode):
+            self.pending[message.rid] = message
+        elif isinstance(message, Abort) and self.pending.pop(message.rid, None) is not None:
+            self.conn.send(Dropped(message.rid))
         else:
-            self.cursors.pop(message[1], None)
+            if isinstance(message, Abort):
+                self.cursors.pop(message.rid, None)
             super().handle(message)
 
     def backlog(self) -> bool:
@@ -213,41 +220,41 @@ class DecodeWorker(Worker):
         """Admit waiting requests in arrival order while there is room."""
         deltas = []
         while self.pending:
-            rid, (token_ids, params, first_token, generator_state, blocks, state_slot) = next(iter(self.pending.items()))
+            rid, message = next(iter(self.pending.items()))
             try:
-                seq = self.engine.make_sequence(token_ids, params, rid)
-                if generator_state is not None:
-                    seq.generator.set_state(torch.frombuffer(bytearray(generator_state), dtype=torch.uint8))
-                if not self.engine.can_admit(seq):
+                seq = self.engine.make_sequence(message.token_ids, message.params, rid)
+                if message.generator_state is not None:
+                    seq.generator.set_state(torch.frombuffer(bytearray(message.generator_state), dtype=torch.uint8))
+                if not fits(self.engine, seq):
                     break
-                k, v = self.store.read(blocks, len(token_ids))
-                state = self.store.read_state(state_slot) if state_slot is not None else None
-                self.engine.admit_prefilled(seq, first_token, k, v, state)
+                k, v = self.store.read(message.blocks, len(message.token_ids))
+                state = self.store.read_state(message.state_slot) if message.state_slot is not None else None
+                admit_prefilled(self.engine, seq, message.first_token, k, v, state)
             except Exception as err:
                 del self.pending[rid]
-                self.conn.send(("failed", rid, f"decode worker: admission failed: {err}", True))
+                self.conn.send(Failed(rid, f"decode worker: admission failed: {err}", True))
                 continue
             del self.pending[rid]
-            self.conn.send(("admitted", rid))
+            self.conn.send(Admitted(rid))
             self.cursors[rid] = TextCursor(seq)
             deltas.append(self._delta(seq))
             if seq.finish_reason is None:
                 self.seqs[rid] = seq
         if deltas:
-            self.conn.send(("deltas", deltas))
+            self.conn.send(Deltas(deltas))
 
     def after_step(self, update: StepUpdate) -> None:
         deltas = [self._delta(seq) for seq in update.updated if seq.request_id in self.cursors]
         for seq in update.finished:
             self.seqs.pop(seq.request_id, None)
         if deltas:
-            self.conn.send(("deltas", deltas))
+            self.conn.send(Deltas(deltas))
 
     def fail_all(self, err: Exception) -> None:
         super().fail_all(err)
         self.cursors.clear()
 
-    def _delta(self, seq: Sequence) -> tuple:
+    def _delta(self, seq: Sequence) -> TextDelta:
         finished = seq.finish_reason is not None
         delta = (self.cursors.pop(seq.request_id) if finished else self.cursors[seq.request_id]).next_delta(finished)
-        return (seq.request_id, delta.text, delta.completion_tokens, delta.finish_reason)
+        return TextDelta(seq.request_id, delta.text, delta.completion_tokens, delta.finish_reason)

@@ -19,10 +19,11 @@ from typing import Iterator
 
 import torch
 
+from infragent.engine.options import ConfigError
+
 HERE = Path(__file__).parent
 SOURCES = [HERE / "paged_attention.cpp", HERE / "fused_layers.cpp"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # no -fopenmp at link: torch's own OpenMP runtime is used
-KERNEL_CHOICES = ("auto", "native", "torch")
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -113,8 +114,6 @@ def available() -> bool:
 def use_native_kernels(choice: str, dtype: torch.dtype, sizes: dict[str, int]) -> bool:
     """Whether the engine runs the native kernels under the `kernels` knob (auto: where they apply). They run
     fp32 with every size in `sizes` (head_dim, hidden_size, intermediate_size) a multiple of 16."""
-    from infragent.engine.config import ConfigError
-
     if choice == "torch":
         return False
     misfits = [f"{name} {size}" for name, size in sizes.items() if size % 16]

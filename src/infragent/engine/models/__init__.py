@@ -1,1 +1,1 @@
-"""Model families behind one interface: (ModelSpec, HF-named weights) → DecoderModel."""
+"""Model families behind one interface: (ModelShape, HF-named weights) → DecoderModel."""

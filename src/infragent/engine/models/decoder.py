@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.kda_layer import KDA
 from infragent.engine.models.layers import Attention, GatedMLP, Linear, Rotary, rms_norm
-from infragent.engine.models.spec import ModelSpec
+from infragent.engine.models.shape import ModelShape
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
 
@@ -17,31 +17,31 @@ from infragent.trace import span
 class DecoderModel:
     """A pre-norm decoder whose mixers are attention or KDA layers, built from HF-named weights."""
 
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
-        self.spec = spec
+    def __init__(self, shape: ModelShape, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        self.shape = shape
         w = {name: t.to(dtype) if t.is_floating_point() and name.split(".")[-1] not in ("A_log", "dt_bias") else t
              for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         # Tied or not, the LM head keeps its own transposed copy (see Linear); the embedding stays row-major.
-        self.lm_head = Linear(self.embed if spec.tie_word_embeddings else w["lm_head.weight"])
+        self.lm_head = Linear(self.embed if shape.tie_word_embeddings else w["lm_head.weight"])
         self.final_norm = w["model.norm.weight"]
         self.kernels = False  # native fused kernels for the residual add + RMSNorm and the MLP's silu * up
-        self.rotary = rotary = Rotary(spec.head_dim, spec.rope_theta, spec.max_position_embeddings, dtype)
+        self.rotary = rotary = Rotary(shape.head_dim, shape.rope_theta, shape.max_position_embeddings, dtype)
         self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP]] = []
         attention_index = kda_index = 0
-        for i, kind in enumerate(spec.layer_kinds):
+        for i, kind in enumerate(shape.layer_kinds):
             p = f"model.layers.{i}."
             if kind == "attention":
                 mixer: Attention | KDA = Attention(
                     w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"],
                     w[p + "self_attn.v_proj.weight"], w[p + "self_attn.o_proj.weight"],
-                    spec.num_heads, spec.num_kv_heads, spec.head_dim, rotary, attention_index)
+                    shape.num_heads, shape.num_kv_heads, shape.head_dim, rotary, attention_index)
                 attention_index += 1
             else:
                 kda_w = {name[len(p + "kda."):].removesuffix(".weight"): t
                          for name, t in w.items() if name.startswith(p + "kda.")}
-                mixer = KDA(kda_w, spec.kda_num_heads, spec.kda_head_k_dim, spec.kda_head_v_dim,
-                            spec.rms_eps, spec.kda_chunk_size, kda_index)
+                mixer = KDA(kda_w, shape.kda_num_heads, shape.kda_head_k_dim, shape.kda_head_v_dim,
+                            shape.rms_eps, shape.kda_chunk_size, kda_index)
                 kda_index += 1
             mlp = GatedMLP(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
             self.layers.append((w[p + "input_layernorm.weight"], mixer, w[p + "post_attention_layernorm.weight"], mlp))
@@ -105,14 +105,14 @@ class DecoderModel:
         if self.kernels:
             if delta is not None:
                 delta = delta.contiguous()
-            return torch.ops.infragent.add_rms_norm_(hidden, delta, weight, self.spec.rms_eps)
+            return torch.ops.infragent.add_rms_norm_(hidden, delta, weight, self.shape.rms_eps)
         if delta is not None:
             hidden += delta
-        return rms_norm(hidden, weight, self.spec.rms_eps)
+        return rms_norm(hidden, weight, self.shape.rms_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits [N, vocab] (fp32) for the given hidden rows."""
-        return self.lm_head(rms_norm(hidden, self.final_norm, self.spec.rms_eps)).float()
+        return self.lm_head(rms_norm(hidden, self.final_norm, self.shape.rms_eps)).float()
 
     def projection_bytes(self) -> int:
         """Bytes of every layer's projection weights as stored (with scales when quantized)."""

@@ -6,12 +6,12 @@ import math
 import torch
 
 from infragent.engine.config import HybridConfig
-from infragent.engine.models.spec import ModelSpec
+from infragent.engine.models.shape import ModelShape
 
 
-def hybrid_spec(cfg: HybridConfig, vocab_size: int) -> ModelSpec:
+def hybrid_shape(cfg: HybridConfig, vocab_size: int) -> ModelShape:
     """The architecture the hybrid config describes."""
-    return ModelSpec(
+    return ModelShape(
         name="hybrid", vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         layer_kinds=tuple(cfg.layer_kinds()), num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps,
@@ -20,34 +20,34 @@ def hybrid_spec(cfg: HybridConfig, vocab_size: int) -> ModelSpec:
         kda_chunk_size=cfg.kda_chunk_size)
 
 
-def init_hybrid(cfg: HybridConfig, vocab_size: int) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+def init_hybrid(cfg: HybridConfig, vocab_size: int) -> tuple[ModelShape, dict[str, torch.Tensor]]:
     """Random fp32 weights (HF-style names) for the hybrid model; the same seed gives the same model."""
-    spec = hybrid_spec(cfg, vocab_size)
+    shape = hybrid_shape(cfg, vocab_size)
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def linear(out_features: int, in_features: int) -> torch.Tensor:
         return torch.randn(out_features, in_features, generator=gen) * (1.0 / math.sqrt(in_features))
 
-    hid, inter = spec.hidden_size, spec.intermediate_size
+    hid, inter = shape.hidden_size, shape.intermediate_size
     w: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": torch.randn(vocab_size, hid, generator=gen) * 0.02 * math.sqrt(hid) / 4,
         "model.norm.weight": torch.ones(hid),
     }
-    for i, kind in enumerate(spec.layer_kinds):
+    for i, kind in enumerate(shape.layer_kinds):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = torch.ones(hid)
         w[p + "post_attention_layernorm.weight"] = torch.ones(hid)
         w[p + "mlp.gate_proj.weight"] = linear(inter, hid)
         w[p + "mlp.up_proj.weight"] = linear(inter, hid)
-        w[p + "mlp.down_proj.weight"] = linear(hid, inter) / math.sqrt(2 * spec.num_layers)
+        w[p + "mlp.down_proj.weight"] = linear(hid, inter) / math.sqrt(2 * shape.num_layers)
         if kind == "attention":
-            h, kvh, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+            h, kvh, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
             w[p + "self_attn.q_proj.weight"] = linear(h * d, hid)
             w[p + "self_attn.k_proj.weight"] = linear(kvh * d, hid)
             w[p + "self_attn.v_proj.weight"] = linear(kvh * d, hid)
-            w[p + "self_attn.o_proj.weight"] = linear(hid, h * d) / math.sqrt(2 * spec.num_layers)
+            w[p + "self_attn.o_proj.weight"] = linear(hid, h * d) / math.sqrt(2 * shape.num_layers)
         else:
-            h, dk, dv = spec.kda_num_heads, spec.kda_head_k_dim, spec.kda_head_v_dim
+            h, dk, dv = shape.kda_num_heads, shape.kda_head_k_dim, shape.kda_head_v_dim
             k = p + "kda."
             w[k + "q_proj.weight"] = linear(h * dk, hid)
             w[k + "k_proj.weight"] = linear(h * dk, hid)
@@ -59,5 +59,5 @@ def init_hybrid(cfg: HybridConfig, vocab_size: int) -> tuple[ModelSpec, dict[str
             dt = torch.exp(torch.empty(h * dk).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
             w[k + "dt_bias"] = dt + torch.log(-torch.expm1(-dt))  # inverse softplus
             w[k + "o_norm.weight"] = torch.ones(dv)
-            w[k + "o_proj.weight"] = linear(hid, h * dv) / math.sqrt(2 * spec.num_layers)
-    return spec, w
+            w[k + "o_proj.weight"] = linear(hid, h * dv) / math.sqrt(2 * shape.num_layers)
+    return shape, w

@@ -337,4 +337,3 @@ def kda_decode_reference(
     return out.to(v.dtype)
 
 
-KDA_DECODE_IMPLS = ("vectorized", "reference")

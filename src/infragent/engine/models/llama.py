@@ -6,12 +6,12 @@ from pathlib import Path
 import torch
 
 from infragent.engine.gguf_weights import GGUFFile, LlamaGGUFConfig, load_llama_gguf
-from infragent.engine.models.spec import ModelSpec
+from infragent.engine.models.shape import ModelShape
 
 
-def llama_spec(cfg: LlamaGGUFConfig) -> ModelSpec:
+def llama_shape(cfg: LlamaGGUFConfig) -> ModelShape:
     """The architecture a GGUF llama config describes."""
-    return ModelSpec(
+    return ModelShape(
         name="llama", vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size, layer_kinds=("attention",) * cfg.num_layers,
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
@@ -19,7 +19,7 @@ def llama_spec(cfg: LlamaGGUFConfig) -> ModelSpec:
         tie_word_embeddings=cfg.tie_word_embeddings)
 
 
-def load_llama(path: str | Path | GGUFFile | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+def load_llama(path: str | Path | GGUFFile | None = None) -> tuple[ModelShape, dict[str, torch.Tensor]]:
     """Spec and fp32 weights (HF names) of the GGUF llama model."""
     cfg, weights = load_llama_gguf(path)
-    return llama_spec(cfg), weights
+    return llama_shape(cfg), weights

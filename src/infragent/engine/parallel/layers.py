@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from infragent.engine.options import PARTIAL_PRECISIONS
 from infragent.engine.precision import matmul
 
-PARTIAL_PRECISIONS = {"fp32": "fp32", "reduced": "bf16", "3-pass": "bf16x3"}
 
 
 class _Sharded:

@@ -33,7 +33,7 @@ def run_stage(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache 
     for inputs, plan in micro:
         hidden = None
         if stage > 0:
-            hidden = torch.empty(len(inputs.input_ids), model.spec.hidden_size, dtype=model.embed.dtype)
+            hidden = torch.empty(len(inputs.input_ids), model.shape.hidden_size, dtype=model.embed.dtype)
             dist.recv(hidden, src=stage - 1)
         hidden = model.forward(inputs, kv_cache, kda_states, hidden=hidden)
         if stage < stages - 1:
@@ -42,7 +42,7 @@ def run_stage(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache 
             continue
         outs = []
         for kind, rows in plan:
-            x = rms_norm(hidden.index_select(0, rows), model.final_norm, model.spec.rms_eps)
+            x = rms_norm(hidden.index_select(0, rows), model.final_norm, model.shape.rms_eps)
             logits = model.lm_head(x).float()
             outs.append(logits.argmax(dim=-1) if kind == "greedy" else logits)
         if stage == 0:

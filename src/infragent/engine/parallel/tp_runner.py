@@ -13,9 +13,8 @@ import torch.distributed as dist
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.layers import rms_norm
+from infragent.engine.parallel.build import build_shard
 from infragent.engine.parallel.group import check_ranks, init_group, serve_steps, spawn_ranks, stop_ranks
-from infragent.engine.parallel.layers import RowParallel, VocabParallelHead
-from infragent.engine.parallel.shard import bounds
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import sample
 from infragent.engine.scheduler import ScheduledBatch
@@ -23,15 +22,6 @@ from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
 
 Plan = list[tuple[str, torch.Tensor]]  # ("greedy" | "full", hidden rows)
-
-
-def make_tensor_parallel(model: DecoderModel, rank: int, world: int, vocab_size: int, precision: str) -> None:
-    """Wrap a rank's shard: row-parallel o/down/o_proj, vocab-parallel LM head."""
-    for _, mixer, _, mlp in model.layers:
-        name = "o" if hasattr(mixer, "qkv") else "o_proj"
-        setattr(mixer, name, RowParallel(getattr(mixer, name), precision))
-        mlp.down = RowParallel(mlp.down, precision)
-    model.lm_head = VocabParallelHead(model.lm_head, bounds(vocab_size, world, rank)[0], vocab_size)
 
 
 def execute(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | None, inputs: StepInputs,
@@ -42,7 +32,7 @@ def execute(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | 
     hidden = model.forward(inputs, kv_cache, kda_states)
     results = []
     for kind, rows in plan:
-        x = rms_norm(hidden.index_select(0, rows), model.final_norm, model.spec.rms_eps)
+        x = rms_norm(hidden.index_select(0, rows), model.final_norm, model.shape.rms_eps)
         results.append(model.lm_head.greedy(x) if kind == "greedy" else model.lm_head(x).float())
     return results
 
@@ -92,8 +82,6 @@ def start_workers(config, world: int, num_blocks: int, block_size: int) -> tuple
 
 def worker_main(config, num_blocks: int, block_size: int, rank: int, world: int, port: int) -> None:  # noqa: ANN001
     """A worker rank: build the shard and its caches, then run every step rank 0 sends until told to stop."""
-    from infragent.engine.parallel.build import build_shard
-
     torch.set_num_threads(config.resolved_threads())
     model, kv_cache, kda_states = build_shard(config, rank, world, num_blocks, block_size)
     init_group(rank, world, port)

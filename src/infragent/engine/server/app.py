@@ -12,9 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from infragent.engine.disagg.router import DisaggEngine
 from infragent.engine.sampling import RequestError
-from infragent.engine.server.async_engine import AsyncEngine, QueueFull, RequestStream
+from infragent.engine.serving import QueueFull, RequestStream, ServingEngine
 from infragent.engine.server.body_limit import BodyLimit
 from infragent.engine.server.protocol import ChatCompletionRequest, CompletionRequest, error_body, new_id
 from infragent.engine.server.responder import EngineUnavailable, Responder
@@ -34,9 +33,9 @@ class APIError(Exception):
         self.headers = headers
 
 
-def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str | None = None,
+def build_app(engine: ServingEngine, model_name: str, api_key: str | None = None,
               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
-    """The FastAPI app around a (not yet started) AsyncEngine; the app's lifespan starts and stops it."""
+    """The FastAPI app around a (not yet started) serving engine; the app's lifespan starts and stops it."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -135,13 +134,9 @@ def build_app(engine: AsyncEngine | DisaggEngine, model_name: str, api_key: str 
     async def _generate(request: Request, body: Any, prompt_of: Any, chat: bool,
                         default_max_tokens: int | None) -> Response:
         params = body.sampling_params(default_max_tokens)
-        if body.n > 1 and not hasattr(engine, "submit_choices"):
-            raise APIError(400, "n: more than one choice is not served by the disaggregated router yet", param="n")
 
         def submit() -> list[RequestStream]:  # templating and tokenizing off the event loop: streams go on
-            if body.n > 1:
-                return engine.submit_choices(prompt_of(), params, body.n)
-            return [engine.submit(prompt_of(), params)]
+            return engine.submit_choices(prompt_of(), params, body.n)
         try:
             streams = await asyncio.to_thread(submit)
         except RequestError as err:

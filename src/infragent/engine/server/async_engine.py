@@ -12,67 +12,28 @@ import logging
 import queue
 import threading
 import time
-from typing import AsyncIterator
 
 from infragent.engine.config import EngineConfig
-from infragent.engine.deltas import Delta, TextCursor
+from infragent.engine.deltas import Delta
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.sampling import SamplingParams
 from infragent.engine.sequence import Sequence
-from infragent.engine.server.metrics import ServerMetrics
+from infragent.engine.serving import Admission, RequestStream, ServingEngine
+from infragent.engine.metrics import ServerMetrics
 
 log = logging.getLogger("infragent.server")
 
 
-class QueueFull(RuntimeError):
-    """The bounded waiting queue is full; the caller should answer 429."""
-
-
-class RequestStream:
-    """The asyncio side of one request: deltas arrive on a queue filled by the engine thread."""
-
-    def __init__(self, seq: Sequence) -> None:
-        self.seq = seq
-        self.queue: asyncio.Queue[Delta] = asyncio.Queue()
-        self.prompt_tokens = len(seq.prompt_token_ids)
-        self.finished = False
-        self.cursor = TextCursor(seq)
-        self._last_token_time: float | None = None
-
-    async def deltas(self) -> AsyncIterator[Delta]:
-        """Deltas until the finishing one (inclusive)."""
-        while True:
-            delta = await self.queue.get()
-            yield delta
-            if delta.finish_reason is not None or delta.error is not None:
-                self.finished = True
-                return
-
-    async def collect(self) -> Delta:
-        """All output as one Delta (text joined, last finish_reason)."""
-        parts, logprobs = [], []
-        async for delta in self.deltas():
-            parts.append(delta.text)
-            logprobs += delta.logprobs or []
-            if delta.finish_reason is not None or delta.error is not None:
-                return Delta("".join(parts), delta.completion_tokens, delta.finish_reason, delta.error,
-                             logprobs if self.seq.params.logprobs is not None else None)
-        raise RuntimeError("stream ended without a finishing delta")
-
-
-class AsyncEngine:
-    """Owns an LLMEngine and the thread that steps it."""
+class AsyncEngine(ServingEngine):
+    """Owns an LLMEngine and the thread that steps it (a ServingEngine)."""
 
     def __init__(self, config: EngineConfig, max_waiting: int = 256, metrics: ServerMetrics | None = None) -> None:
         self.engine = LLMEngine(config)
-        self.max_waiting = max_waiting
+        self.admission = Admission(max_waiting)
         self.metrics = metrics or ServerMetrics()
         self._inbox: queue.SimpleQueue[tuple[str, list[RequestStream]]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._pending_adds = 0  # submitted, not yet seen by the engine thread
-        self._waiting = 0  # engine's waiting queue length after the last step
         self._streams: dict[int, RequestStream] = {}  # seq_id -> stream, engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -103,25 +64,12 @@ class AsyncEngine:
         """Whether the engine thread is running."""
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, prompt: str | list[int], params: SamplingParams, request_id: str = "") -> RequestStream:
-        """Validate and queue a request (RequestError names a bad field; QueueFull means answer 429)."""
-        return self.submit_choices(prompt, params, 1, request_id)[0]
-
     def submit_choices(self, prompt: str | list[int], params: SamplingParams, n: int,
                        request_id: str = "") -> list[RequestStream]:
         """submit() with n choices sampled from one prefill of the prompt (seeds seed, seed + 1, ...)."""
-        with self._lock:
-            if self._pending_adds + self._waiting >= self.max_waiting:
-                raise QueueFull(f"{self._pending_adds + self._waiting} requests are waiting "
-                                f"(max_waiting={self.max_waiting}); retry later")
-            self._pending_adds += 1
-        try:
+        with self.admission.submitting():
             seq = self.engine.make_sequence(prompt, params, request_id)
             streams = [RequestStream(s) for s in [seq, *self.engine.fork(seq, n)]]
-        except Exception:
-            with self._lock:
-                self._pending_adds -= 1
-            raise
         self._inbox.put(("add", streams))
         self._wake.set()
         return streams
@@ -158,8 +106,7 @@ class AsyncEngine:
                 break
             drained = True
             if kind == "add":
-                with self._lock:
-                    self._pending_adds -= 1
+                self.admission.taken()
                 self.engine.add_sequence(streams[0].seq)  # the first choice; the others are its forks
                 self._streams.update((s.seq.seq_id, s) for s in streams)
                 continue
@@ -178,12 +125,12 @@ class AsyncEngine:
             stream = self._streams.get(seq.seq_id)
             if stream is None:
                 continue
-            if stream._last_token_time is None:
+            if stream.last_token_time is None:
                 self.metrics.ttft.observe(now - seq.arrival_time)
                 self.metrics.prefilled(len(seq.prompt_token_ids), seq.num_cached_tokens)
             else:
-                self.metrics.itl.observe(now - stream._last_token_time)
-            stream._last_token_time = now
+                self.metrics.itl.observe(now - stream.last_token_time)
+            stream.last_token_time = now
             finished = seq.finish_reason is not None
             delta = stream.cursor.next_delta(finished)
             if finished:
@@ -217,9 +164,7 @@ class AsyncEngine:
     def _publish_gauges(self) -> None:
         engine = self.engine
         waiting = len(engine.scheduler.waiting)
-        with self._lock:
-            self._waiting = waiting
-            pending = self._pending_adds
+        pending = self.admission.publish(waiting)
         slots = engine.slots
         self.metrics.set_state(
             running=len(engine.scheduler.running), waiting=waiting + pending,

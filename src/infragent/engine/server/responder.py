@@ -11,10 +11,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from infragent.engine.deltas import Delta
-from infragent.engine.llm_engine import prompt_top_logprobs
+from infragent.engine.metrics import ServerMetrics
+from infragent.engine.outputs import prompt_top_logprobs
 from infragent.engine.sampling import TokenLogprob
-from infragent.engine.server.async_engine import RequestStream
-from infragent.engine.server.metrics import ServerMetrics
+from infragent.engine.serving import RequestStream, ServingEngine
 from infragent.engine.server.logprob_bodies import chat_logprobs, completion_logprobs
 from infragent.engine.server.protocol import choice_body, chunk_body, completion_body, error_body, usage
 
@@ -37,7 +37,7 @@ class _Progress:
 class Responder:
     """Builds the responses of one server: knows its model name, tokenizer and metrics."""
 
-    def __init__(self, engine: Any, model_name: str, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: ServingEngine, model_name: str, metrics: ServerMetrics) -> None:
         self.engine, self.model_name, self.metrics = engine, model_name, metrics
         self.token_bytes = engine.tokenizer.token_bytes
 

@@ -18,15 +18,15 @@ class DraftModel:
     """Greedy drafts from model.layers[:num_layers] over a sliding window of the sequence."""
 
     def __init__(self, model: DecoderModel, num_layers: int, window: int, max_drafts: int) -> None:
-        spec = model.spec
-        kinds = spec.layer_kinds[:num_layers]
+        shape = model.shape
+        kinds = shape.layer_kinds[:num_layers]
         self.model, self.num_layers, self.window = model, num_layers, window
         length = window + max_drafts
         # one contiguous region holds the window; chunk attention of a fresh sequence never reads it back
-        self.kv_cache = KVCache(kinds.count("attention"), 1, length, spec.num_kv_heads, spec.head_dim,
+        self.kv_cache = KVCache(kinds.count("attention"), 1, length, shape.num_kv_heads, shape.head_dim,
                                 model.embed.dtype, "contiguous")
-        self.kda_states = (KDAStateCache(kinds.count("kda"), 1, spec.kda_num_heads, spec.kda_head_k_dim,
-                                         spec.kda_head_v_dim) if "kda" in kinds else None)
+        self.kda_states = (KDAStateCache(kinds.count("kda"), 1, shape.kda_num_heads, shape.kda_head_k_dim,
+                                         shape.kda_head_v_dim) if "kda" in kinds else None)
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int) -> list[int]:

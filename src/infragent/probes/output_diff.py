@@ -11,7 +11,7 @@ from infragent.probes.precision import relative_error, tolerance, ulp_distance
 
 
 @dataclass
-class Comparison:
+class OutputDiff:
     """How a candidate's outputs differ from the reference's (outputs flattened in order)."""
 
     ok: bool = True
@@ -57,16 +57,16 @@ def _first(mask: torch.Tensor) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-def compare(candidate: Any, reference: Any, reduction: int | None = None, rtol: float | None = None) -> Comparison:
+def diff_outputs(candidate: Any, reference: Any, reduction: int | None = None, rtol: float | None = None) -> OutputDiff:
     """Compare outputs element by element: errors, ULPs, bad elements and the first bad index."""
     cands, refs = output_tensors(candidate), output_tensors(reference)
     if len(cands) != len(refs):
-        return Comparison(False, f"candidate returned {len(cands)} tensors, reference {len(refs)}")
-    result = Comparison()
+        return OutputDiff(False, f"candidate returned {len(cands)} tensors, reference {len(refs)}")
+    result = OutputDiff()
     for i, (c, r) in enumerate(zip(cands, refs)):
         name = "output" if len(cands) == 1 else f"output {i}"
         if c.shape != r.shape:
-            return Comparison(False, f"{name} shape {tuple(c.shape)} != reference {tuple(r.shape)}",
+            return OutputDiff(False, f"{name} shape {tuple(c.shape)} != reference {tuple(r.shape)}",
                               output=i, shape=tuple(r.shape))
         c, r = c.detach().cpu(), r.detach().cpu()
         if c.is_complex() or r.is_complex():

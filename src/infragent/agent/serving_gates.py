@@ -1,16 +1,22 @@
-"""The loop's probes against live targets, cheapest first: a correctness check, a short local A/B, and the
-end-to-end measurement with every criterion judged. Each returns a Feedback the ledger keeps.
+"""The serving gates, cheapest first: the spec's tests in the candidate's worktree, the step bench's unit, and
+against live targets a correctness check, a short local A/B, and the end-to-end measurement with every
+criterion judged. Each returns a Feedback the ledger keeps.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Callable
 
 import httpx
 import numpy as np
 
+from infragent.agent.hypotheses import engine_workload
+from infragent.agent.workspace import run_limited
 from infragent.analysis.blocks import (BlockEstimate, aa_floor, block_estimate, block_log_ratios, block_verdict,
                                       could_still_win)
 from infragent.analysis.serving_metrics import serving_metrics
@@ -22,8 +28,38 @@ from infragent.lab.target import engine_config
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.loadgen import LoadConfig, discover_model
+from infragent.probes.step_bench import Unit
 
 CHECK_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Three things to pack for a hike:")
+TESTS_TIMEOUT_S = 900.0
+
+STEP_PROMPT_TOKENS = 32  # 2 x 32-token prompts x 4 tokens: half the time per round of 2 x 64 x 8, about as
+STEP_OUTPUT_TOKENS = 4  # precise per second of bench, and clear cases stop at the first look (docs/BENCHMARKS.md)
+
+
+def step_unit(spec: Spec) -> Unit:
+    """The step bench's batch: two of the first scenario's prompts (cut to STEP_PROMPT_TOKENS), run to
+    STEP_OUTPUT_TOKENS tokens each — a prefill step and decode steps of the scenario's kind, a few tenths of
+    a second per unit."""
+    scenario = spec.scenarios[0]
+    prompts = [ids[:STEP_PROMPT_TOKENS] for ids, _ in engine_workload(spec, {}, prompts=2, seed=11)]
+    return Unit(prompts, min(scenario.random_output_len, STEP_OUTPUT_TOKENS))
+
+
+def run_tests(command: str, worktree: Path, kind: str) -> Feedback:
+    """The spec's test command in the candidate's worktree (bash -c, with this interpreter's folder first on the
+    PATH, so `python` is the one running infragent; for an engine target with src/ on the PYTHONPATH): pass on
+    exit status 0."""
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    if kind == "engine" and (worktree / "src").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join([str(worktree / "src")] + ([os.environ["PYTHONPATH"]]
+                                                                       if os.environ.get("PYTHONPATH") else []))
+    done = run_limited(["bash", "-c", command], cwd=worktree, timeout_s=TESTS_TIMEOUT_S, memory_gb=None, env=env)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    status = f"timed out after {TESTS_TIMEOUT_S:g} s" if done.timed_out else f"exit {done.rc}"
+    return Feedback("tests", "pass" if done.rc == 0 else "fail", f"`{command}`: {status} in {done.seconds:.1f} s"
+                    + (f": {' | '.join(tail)}" if tail else ""), numbers={"rc": Measure(done.rc)},
+                    details={"stdout_tail": done.stdout[-3000:], "stderr_tail": done.stderr[-3000:]})
 
 
 def check_outputs(baseline_url: str, candidate_url: str, max_tokens: int = 8) -> Feedback:

@@ -1,11 +1,11 @@
-"""ModelSpec: the architecture of a decoder model, whichever family it comes from."""
+"""ModelShape: the architecture of a decoder model, whichever family it comes from."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelShape:
     """Shapes and constants shared by the llama and hybrid families."""
 
     name: str

@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server: requests by status, tokens, queue depths, cache usage, TTFT and ITL."""
+"""Prometheus metrics of a serving engine (AsyncEngine or DisaggEngine) as the server exposes them: requests by
+status, tokens, queue depths, cache usage, TTFT and ITL."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest

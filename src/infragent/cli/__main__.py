@@ -1,0 +1,4 @@
+"""`python -m infragent.cli`: the console entry."""
+from infragent.cli import main
+
+main()
