@@ -1,7 +1,7 @@
 """The outside referee: guidellm (0.8.1, not written here) and `infragent loadgen` against the same server,
 in interleaved runs, their metric definitions mapped onto each other.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/referee_guidellm.py [--pairs 4] [--requests 12] [--json out.json]
+    PYTHONPATH=src .venv/bin/python benchmarks/referee_guidellm.py [--pairs 12] [--requests 30] [--json out.json]
 
 guidellm runs from its own virtual environment (.infragent/guidellm-venv, made on first use: torch 2.13.0
 CPU first, then guidellm), with this project's tokenizer handed to it as a Hugging Face tokenizer folder
@@ -140,15 +140,50 @@ def run_loadgen_once(url: str, args: argparse.Namespace) -> dict[str, float]:
                                             for r in records])), "requests": len(records)}
 
 
+def _ratio(pairs: list[dict], metric: str, num: str, den: str, over: tuple[str, str] | None = None) -> dict:
+    """The geometric mean over pairs of num/den (each first divided by the server's own mean during its run,
+    with over = the two server views) and its 95% t interval."""
+    logs = []
+    for p in pairs:
+        value = math.log(p[num][metric] / p[den][metric])
+        if over is not None:
+            value -= math.log(p[over[0]][metric] / p[over[1]][metric])
+        logs.append(value)
+    lo, hi = t_interval(logs) or (math.nan, math.nan)
+    return {"ratio": math.exp(float(np.mean(logs))), "ci": [math.exp(lo), math.exp(hi)]}
+
+
+def summarize(pairs: list[dict]) -> dict:
+    """Every ratio the referee reports, printed: the tools against each other as measured, each tool against
+    the server over its own run, and the tools against each other with the server's run-to-run change taken
+    out (what each tool read of what the server did)."""
+    summary = {}
+    rows = (("guidellm/loadgen", "guidellm", "loadgen", None),
+            ("guidellm/server", "guidellm", "server during guidellm", None),
+            ("loadgen/server", "loadgen", "server during loadgen", None),
+            ("guidellm/loadgen, each over the server in its run", "guidellm", "loadgen",
+             ("server during guidellm", "server during loadgen")))
+    for metric in ("ttft_ms", "tpot_ms"):
+        for label, num, den, over in rows:
+            row = summary[f"{metric} {label}"] = _ratio(pairs, metric, num, den, over)
+            print(f"{metric.removesuffix('_ms').upper()} mean, {label}: x{row['ratio']:.3f} "
+                  f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}] over {len(pairs)} pairs")
+    return summary
+
+
 def main() -> None:
     """Interleave the two tools; print each pair and the ratios with their intervals."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--pairs", type=int, default=12)
+    parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--input", type=int, default=128)
     parser.add_argument("--output", type=int, default=32)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--from-json", default=None, help="summarize an earlier run's JSON instead of running")
     args = parser.parse_args()
+    if args.from_json:
+        summarize(json.loads(Path(args.from_json).read_text())["pairs"])
+        return
     exe = guidellm_exe()
     work = Path(tempfile.mkdtemp(prefix="referee-"))
     tokenizer = Tokenizer.from_gguf().save_hf(work / "tokenizer")
@@ -176,17 +211,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    summary = {}
-    for metric in ("ttft_ms", "tpot_ms"):
-        for label, num, den in (("guidellm/loadgen", "guidellm", "loadgen"),
-                                ("guidellm/server", "guidellm", "server during guidellm"),
-                                ("loadgen/server", "loadgen", "server during loadgen")):
-            logs = [math.log(p[num][metric] / p[den][metric]) for p in pairs]
-            lo, hi = t_interval(logs) or (math.nan, math.nan)
-            summary[f"{metric} {label}"] = {"ratio": math.exp(float(np.mean(logs))), "ci": [math.exp(lo), math.exp(hi)]}
-            row = summary[f"{metric} {label}"]
-            print(f"{metric.removesuffix('_ms').upper()} mean, {label}: x{row['ratio']:.3f} "
-                  f"[{row['ci'][0]:.3f}, {row['ci'][1]:.3f}] over {len(pairs)} pairs")
+    summary = summarize(pairs)
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "pairs": pairs, "args": vars(args)}, indent=1))
 

@@ -39,14 +39,14 @@ def run_suite(timeout_s: float, extra: list[str]) -> dict:
     """The suite once: wall time, exit status, counts and the peak RSS it printed."""
     started = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra], cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE", *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         out, rc = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as err:
         out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
         rc = None
     wall = time.monotonic() - started
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)", out)}
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)\b", out)}
     peak = re.search(r"peak RSS of the pytest process: ([\d.]+) GB", out)
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.M)
     return {"wall_s": wall, "rc": rc, "counts": counts, "peak_rss_gb": float(peak.group(1)) if peak else None,

@@ -1,8 +1,9 @@
-"""Shared fixtures: the real model and tokenizer are loaded once per test session."""
+"""Shared fixtures (the real model's weights, once per module) and the suite's memory: what each module
+built is released after it, and the peak resident set is reported at the end."""
 from __future__ import annotations
 
+import ctypes
 import gc
-import os
 import resource
 import sys
 from pathlib import Path
@@ -12,9 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests import their reference helpers by name
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def llama_weights():
-    """Spec and fp32 weights of SmolLM2-135M from the GGUF."""
+    """Shape and fp32 weights of SmolLM2-135M from the GGUF (per module: 0.54 GB not held between modules)."""
     from infragent.engine.models.llama import load_llama
 
     return load_llama()
@@ -26,30 +27,57 @@ def _release_module_objects():
     so that the next module's do not pile on top: the suite's peak RSS stays bounded."""
     yield
     gc.collect()
+    _malloc_trim()
 
 
-_RSS_STEPS: list[tuple[int, str]] = []  # (resident bytes after the test, test id)
+_MARKS: list[tuple[str, int]] = []  # (test id, the resident set's high-water mark it raised, bytes)
 
 
-def _resident_bytes() -> int:
-    """This process's resident set now (Linux /proc; 0 elsewhere)."""
+def _status_bytes(field: str) -> int:
+    """A size from /proc/self/status (VmRSS, VmHWM), in bytes; 0 where there is none."""
     try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
-@pytest.hookimpl(trailing=True)
-def pytest_runtest_teardown(item, nextitem):  # noqa: ANN001, ANN201 - pytest's hook signature
-    _RSS_STEPS.append((_resident_bytes(), item.nodeid))
+def _rss_bytes() -> int:
+    return _status_bytes("VmRSS")
+
+
+def pytest_runtest_logfinish(nodeid, location):  # noqa: ANN001, ANN201 - pytest's hook signature
+    """Note the test (setup and teardown included) that raised the high-water mark of the resident set."""
+    mark = _status_bytes("VmHWM")
+    if mark > (_MARKS[-1][1] if _MARKS else 0):
+        _MARKS.append((nodeid, mark))
+
+
+@pytest.fixture(autouse=True)
+def _release_after_growth():
+    """After a test that grew the resident set, collect and give freed memory back (big engines freed in a
+    cycle would wait for a full collection, and glibc keeps freed arenas)."""
+    before = _rss_bytes()
+    yield
+    if _rss_bytes() - before > 100e6:
+        gc.collect()
+        _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN001, ANN201
-    """The suite's peak RSS (the budget is 4 GB) and where the resident set grew most."""
+    """The suite's peak RSS (the budget is 4 GB) and the tests that reached the highest."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     terminalreporter.write_line(f"peak RSS of the pytest process: {peak / 1e9:.2f} GB")
-    growth = sorted(((after - before, name) for (before, _), (after, name) in zip(_RSS_STEPS, _RSS_STEPS[1:])),
-                    reverse=True)[:5]
-    if growth and growth[0][0] > 0:
-        terminalreporter.write_line("largest resident-set growth after a test: " + "; ".join(
-            f"{name} +{delta / 1e6:.0f} MB" for delta, name in growth if delta > 0))
+    raised = [(name, mark, mark - (_MARKS[i - 1][1] if i else 0)) for i, (name, mark) in enumerate(_MARKS)]
+    if raised:
+        terminalreporter.write_line("the tests that raised the high-water mark last: " + "; ".join(
+            f"{name} to {mark / 1e9:.2f} GB (+{by / 1e6:.0f} MB)" for name, mark, by in raised[-12:]))

@@ -27,9 +27,8 @@ def _artifacts(tmp_path, monkeypatch):
 
 
 def test_bench_keeps_its_budget_on_one_second_callables():
-    started = time.monotonic()
     fb = run_bench(cases.one_second, cases.one_second_too, budget_s=2.0)
-    assert time.monotonic() - started <= 4.0
+    assert fb.details["pairs"] == 0  # the warm-up calls used the budget: no pair was started past it
     assert fb.verdict == "inconclusive" and fb.finding.startswith("inconclusive: budget"), fb.finding
     assert fb.details["budget_hit"] and "budget_s=" in fb.next_probes[0]
     assert len(json.dumps(compact(fb))) <= REPLY_LIMIT

@@ -16,18 +16,30 @@ def _artifacts(tmp_path, monkeypatch):
     monkeypatch.setenv("INFRAGENT_ARTIFACTS", str(tmp_path))
 
 
+def _direction(fb, expected: str) -> None:  # noqa: ANN001 - a bench Feedback
+    """The expected direction, or on a busy machine an honest 'inconclusive: contended' (the signals in its
+    details say so): never the opposite direction, never 'no change'."""
+    if fb.details["outcome"] == "contended":
+        assert fb.verdict == "inconclusive" and fb.finding.startswith("inconclusive: contended"), fb.finding
+        assert fb.details["contention"]["contended"]
+        return
+    assert fb.details["outcome"] == expected, fb.finding
+    ratio = fb.numbers["ratio"]
+    assert (ratio.ci_low > 1) if expected == "slower" else (ratio.ci_high < 1)
+
+
 def test_a_doubled_workload_is_slower_and_its_inverse_faster():
     slower = run_bench(bench_cases.twice, bench_cases.work, config=BenchConfig(budget_s=2.0))
-    assert slower.details["outcome"] == "slower" and slower.verdict == "fail"
-    assert slower.numbers["ratio"].ci_low > 1  # exactly 2x the work: figures in benchmarks/bench_contended.py
+    _direction(slower, "slower")  # exactly 2x the work; how close to 2, busy or not: benchmarks/bench_contended.py
+    assert slower.verdict == ("fail" if slower.details["outcome"] == "slower" else "inconclusive")
     faster = run_bench(bench_cases.work, bench_cases.twice, config=BenchConfig(budget_s=2.0))
-    assert faster.details["outcome"] == "faster" and faster.verdict == "pass"
-    assert "faster" in faster.finding
+    _direction(faster, "faster")
+    assert faster.details["outcome"] == "contended" or (faster.verdict == "pass" and "faster" in faster.finding)
 
 
 def test_a_over_a_finds_no_change_and_reports_the_noise_floor():
     aa = run_bench(bench_cases.work, bench_cases.work_copy, config=BenchConfig(budget_s=2.0))
-    assert aa.details["outcome"] in ("no_change", "undecided")  # never a false "faster"/"slower" claim
+    assert aa.details["outcome"] in ("no_change", "undecided", "contended")  # never a false "faster"/"slower"
     alone = run_bench(bench_cases.work, config=BenchConfig(budget_s=2.0))
     assert "noise floor" in alone.finding
     floor = alone.numbers["min_detectable_effect"].value
@@ -37,7 +49,8 @@ def test_a_over_a_finds_no_change_and_reports_the_noise_floor():
 def test_raw_samples_are_kept_and_hashed():
     fb = run_bench(bench_cases.work, bench_cases.work_copy, config=BenchConfig(budget_s=1.0))
     raw = fb.details["raw"]
-    assert len(raw["a_ns"]) == len(raw["b_ns"]) == fb.details["pairs"] >= 30
+    assert len(raw["a_ns"]) == len(raw["b_ns"]) == fb.details["pairs"]
+    assert fb.details["pairs"] >= 30 or fb.details["outcome"] == "contended"  # busy: fewer, longer samples
     evidence = fb.evidence[0]
     data = Path(evidence.path).read_bytes()
     assert hashlib.sha256(data).hexdigest() == evidence.sha256
@@ -48,10 +61,12 @@ def test_raw_samples_are_kept_and_hashed():
 def test_measuring_stops_at_the_budget():
     fb = run_bench(bench_cases.work, config=BenchConfig(budget_s=0.3, equivalence=0.0))  # can never decide A/A
     raw, inner = fb.details["raw"], fb.details["inner"]
-    longest_pair_s = max(a + b for a, b in zip(raw["a_ns"], raw["b_ns"])) * inner / 1e9
-    # the A/A can never decide, so only the budget ended it; a pair starts only if the last one's time still
-    # fits, so it ends about one pair past the budget (twice both, for what runs between pairs on a busy machine)
-    assert fb.details["budget_hit"] and fb.numbers["measuring_s"].value <= 2 * (0.3 + longest_pair_s)
+    pairs = list(zip(raw["a_ns"], raw["b_ns"])) + [tuple(p) for p in raw["aa_ns"]]
+    longest_pair_s = max((a + b for a, b in pairs), default=0.0) * inner / 1e9
+    # the A/A can never decide, so only the budget (or a busy machine) ended it; a pair starts only if the last
+    # one's time still fits: it ends about one pair past the budget (twice both, for what runs between pairs)
+    assert fb.details["budget_hit"] or fb.details["outcome"] == "contended"
+    assert fb.numbers["measuring_s"].value <= 2 * (0.3 + longest_pair_s)
 
 
 def test_calibration_batches_tiny_calls():

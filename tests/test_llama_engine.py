@@ -105,5 +105,7 @@ def test_preemption_recomputes_to_the_same_tokens():
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     outputs = llm.generate(prompts, params)
     assert sum(o.num_preemptions for o in outputs) > 0
-    roomy = LLM(model="llama", max_num_seqs=4)
+    llm.close()
+    del llm  # its weights go before the second engine's come
+    roomy = LLM(model="llama", max_num_seqs=4, max_model_len=128, kv_cache_gb=0.05)  # room for all four at once
     assert [o.token_ids for o in outputs] == [o.token_ids for o in roomy.generate(prompts, params)]

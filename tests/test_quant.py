@@ -142,16 +142,20 @@ class _Engines:
                                                       **self.KNOBS[name]))
         return self.built[name]
 
+    def release(self) -> None:
+        """Close and drop every engine built so far (before a test builds engines of its own)."""
+        for engine in self.built.values():
+            engine.close()
+        self.built.clear()
+        gc.collect()
+
 
 @pytest.fixture(scope="module")
 def engines():
     """The engines by name, built when first asked for; all of them released after the module."""
     built = _Engines()
     yield built
-    for engine in built.built.values():
-        engine.close()
-    built.built.clear()
-    gc.collect()
+    built.release()
 
 
 def test_kv_bytes_per_token_by_dtype(engines):
@@ -168,8 +172,10 @@ def test_w8a8_weights_take_a_quarter(engines):
     assert 0.25 < ratio < 0.26
 
 
-def test_kv_layers_can_differ_and_the_cache_holds_more_tokens_in_the_same_memory():
+def test_kv_layers_can_differ_and_the_cache_holds_more_tokens_in_the_same_memory(engines):
     from infragent.engine.llm_engine import LLMEngine
+
+    engines.release()  # its own engine, not on top of the module's
 
     names = ["int8"] * 10 + ["fp8"] * 10 + ["bf16"] * 10
     engine = LLMEngine(EngineConfig(model="llama", kv_cache_gb=0.1, max_model_len=512, kv_cache_dtypes=names))
@@ -225,11 +231,12 @@ def test_hybrid_model_runs_quantized():
     assert all(len(o.token_ids) == 6 and o.error is None for o in outputs["quant"])
 
 
-def test_quant_gates_pack_passes_int8_kv_and_rejects_w8a8_without_smoothing():
+def test_quant_gates_pack_passes_int8_kv_and_rejects_w8a8_without_smoothing(engines):
     from infragent.agent.serving_gates import quality_gate
     from infragent.lab.spec import PACKS, load_spec
     from infragent.probes.quality import QualityPlan
 
+    engines.release()  # each gate builds two engines of its own
     spec = load_spec(PACKS / "quant-gates" / "spec.toml")
     plan = QualityPlan(windows=12, window=128, prompts=8, max_tokens=8, batch=6)
     kv = quality_gate(spec, {"kv_cache_dtype": "int8", "quantization": "none"}, plan)

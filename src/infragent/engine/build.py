@@ -2,6 +2,7 @@
 cache sized from kv_cache_gb, the KDA state slots, the scheduler and the draft model; and quantization."""
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Callable
 
@@ -151,3 +152,12 @@ def quantize(model: DecoderModel, config: EngineConfig, calibrate: Callable[[], 
         smooth = [smoothing_factors(amax, getattr(owner, name).weight_t, config.smoothquant_alpha)
                   for amax, (owner, name) in zip(ranges, model.projections())]
     quantize_projections(model, config.quantization, smooth)
+
+
+def give_back_freed_memory() -> None:
+    """Return the heap's free pages to the system (glibc's malloc_trim): dequantizing and transposing the
+    weights leaves about 0.4 GB freed but resident after an engine is built. A no-op without glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from infragent.engine.build import build_parts, quantize
+from infragent.engine.build import build_parts, give_back_freed_memory, quantize
 from infragent.engine.config import EngineConfig
 from infragent.engine.kv_transfer import KVStore, KVTransfer
 from infragent.engine.outputs import RequestOutput, request_output
@@ -51,6 +51,7 @@ class LLMEngine:
         self.on_forward_done: Callable[[ScheduledBatch], None] | None = None
         if config.quantization is not None:
             quantize(self.model, config, self._run_calibration)
+        give_back_freed_memory()
 
     def _run_calibration(self, windows: int = 8, window: int = 256) -> None:
         """Prefill calibration text (prefix caching off: no fp32 KV may outlive the calibration)."""

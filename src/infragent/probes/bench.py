@@ -14,11 +14,13 @@ Design (why it is right on a noisy 2-core VM where process-to-process spread bea
   returning how much work it did (a fixed-duration loop). In time mode a pair whose wall times agree while
   their returned values differ is flagged: the wrong metric would read "no change".
 Without --vs, the function is paired with itself (A/A): the same run gives its time and the noise floor.
-- contention (contention.py: our threads' run delay, steal, other processes' CPU) is read as it measures;
-  once the machine is busy, A/A pairs are interleaved with the A/B pairs, and every interval is widened by
-  the spread of those A/A pairs (their 2.5th to 97.5th percentile): a busy machine's waits land on long
-  samples more than short ones, which can bias a median ratio far beyond its own interval. When the widened
-  interval decides nothing, the answer is "inconclusive: contended".
+- contention (contention.py: our threads' run delay, steal, other processes' CPU) is read as it measures.
+  On a busy machine a sample shorter than the scheduler's time slices is either untouched or pays a whole
+  slice of waiting, so the longer of A and B pays more often and a median ratio can be off by more than its
+  own interval shows. Once contended, the pairs so far are set aside, samples are made to last at least
+  CONTENDED_SAMPLE_S (many slices: the waits become a share both pay alike), A/A pairs are interleaved with
+  the A/B pairs, and every interval is widened by the spread of those A/A pairs (2.5th to 97.5th
+  percentile). When the widened interval decides nothing, the answer is "inconclusive: contended".
 """
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ FEW_PAIRS = 4  # below min_pairs and at the budget: a t interval of log ratios n
 SAME_TIME = 0.05  # wall times within 5% of each other ...
 OTHER_WORK = 0.25  # ... while the returned values differ by more than 25%: a fixed-duration loop
 MIN_AA_PAIRS = 8  # A/A pairs a contended interval needs before it can be widened (and decide anything)
+MIN_CONTENDED_PAIRS = 8  # A/B pairs of long samples a contended verdict needs
+CONTENDED_SAMPLE_S = 0.03  # contended: each sample spans many scheduler slices
+CONTENTION_EVERY_S = 0.1  # how often the signals are read while measuring (from 0.2 s of window on)
 
 
 class BenchError(ValueError):
@@ -90,13 +95,10 @@ class BenchResult:
     mann_whitney_p: float = float("nan")
     others_cores: float | None = None  # CPU other processes used while measuring, in cores
     contention: Contention | None = None  # the signals over the measuring window (last read)
+    contended: bool = False  # the signals said busy at some point: the rest was measured the contended way
+    set_aside: int = 0  # pairs measured before contention was seen, left out of the statistics
     aa_ns: list[tuple[float, float]] = field(default_factory=list)  # A/A pairs, interleaved once contended
     raw_ratio: Summary | None = None  # the interval before widening (contended only)
-
-    @property
-    def contended(self) -> bool:
-        """Whether the machine was busy while measuring (as last read)."""
-        return self.contention is not None and self.contention.contended
 
     def aa_spread(self) -> tuple[float, float] | None:
         """The 2.5th and 97.5th percentiles of the A/A pairs' ratios, 1 inside; None with too few pairs."""
@@ -202,15 +204,18 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
     gc_was_enabled = gc.isenabled()
     gc.disable()
     watch = ContentionWatch()
-    measuring = time.perf_counter()
-    rounds = 0
+    measuring = checked = time.perf_counter()
+    aa_turn = False
     try:
         while time.perf_counter() - start + pair_s <= config.budget_s:
             began = time.perf_counter()
-            rounds += 1
-            if rounds % config.check_every == 0:
-                result.contention = watch.now()
-            if result.contended and rounds % 2:  # every other round an A/A pair: the floor under this load
+            if not result.contended and began - checked >= CONTENTION_EVERY_S and began - measuring >= 0.2:
+                checked, result.contention = began, watch.now()
+                if result.contention.contended:
+                    _measure_contended(result, a, timer)
+                    continue  # pair_s is the last short pair's: the next one (long samples) measures itself
+            aa_turn = result.contended and not aa_turn
+            if aa_turn:  # every other round an A/A pair: the floor under this load
                 (t1, _), (t2, _) = timer(a, result.inner), timer(a, result.inner)
                 result.aa_ns.append((t1, t2))
                 pair_s = time.perf_counter() - began
@@ -228,7 +233,13 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
             result.b_first.append(b_first)
             pair_s = time.perf_counter() - began
             n = len(result.a_ns)
-            if n >= config.min_pairs and n % config.check_every == 0:
+            if (n >= MIN_CONTENDED_PAIRS and len(result.aa_ns) >= MIN_AA_PAIRS) if result.contended else \
+                    (n >= config.min_pairs and n % config.check_every == 0):
+                if not result.contended:  # no verdict on samples taken while the machine was busy
+                    checked, result.contention = time.perf_counter(), watch.now()
+                    if result.contention.contended:
+                        _measure_contended(result, a, timer)
+                        continue
                 _decide(result, config, final=False)
                 if result.outcome != "undecided":
                     break
@@ -246,10 +257,19 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
     return result
 
 
+def _measure_contended(result: BenchResult, a: Callable[[], Any], timer: Timer) -> None:
+    """Switch to the contended way of measuring: the short-sample pairs so far set aside, samples of at least
+    CONTENDED_SAMPLE_S from now on."""
+    result.contended, result.set_aside = True, len(result.a_ns)
+    for samples in (result.a_ns, result.b_ns, result.a_work, result.b_work, result.b_first):
+        samples.clear()
+    result.inner = max(result.inner, calibrate(a, timer, CONTENDED_SAMPLE_S))
+
+
 def _decide_at_budget(result: BenchResult, config: BenchConfig) -> None:
     """The budget ended the sampling: decide on what there is, or say the budget was too small."""
     n = len(result.a_ns)
-    if n >= config.min_pairs:
+    if n >= (MIN_CONTENDED_PAIRS if result.contended else config.min_pairs):
         _decide(result, config, final=True)
     elif n >= FEW_PAIRS and not result.contended:  # a t interval of the log ratios (honest when small)
         estimate = block_estimate([math.log(b / a) for a, b in zip(result.a_ns, result.b_ns)], 0.95)
@@ -345,11 +365,12 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
                                    "b_ns": result.b_ns, "unit": f"ns {per}", "a_returned": result.a_work,
                                    "b_returned": result.b_work, "b_first": result.b_first,
                                    "first_calls_s": list(result.first_calls_s), "inner": result.inner,
-                                   "threads": config.threads, "label": case.label},
+                                   "threads": config.threads, "label": case.label, "aa_ns": result.aa_ns,
+                                   "set_aside_pairs": result.set_aside},
                          "raw samples, pair by pair")
     details = {"outcome": result.outcome, "confidence": result.confidence, "pairs": n, "inner": result.inner,
                "metric": config.metric, "budget_hit": result.budget_hit,
-               "raw": {"a_ns": result.a_ns, "b_ns": result.b_ns, "b_first": result.b_first}}
+               "raw": {"a_ns": result.a_ns, "b_ns": result.b_ns, "b_first": result.b_first, "aa_ns": result.aa_ns}}
     locality = {"a": a_name, "b": b_name, "inputs": case.label or "default", "threads": config.threads,
                 "metric": config.metric}
     if n == 0:
@@ -433,7 +454,12 @@ def _no_pairs(result: BenchResult, a_name: str, b_name: str, aa: bool, config: B
     finding = (f"inconclusive: budget: one call each took {first_a:.3g} s ({a_name})"
                + ("" if aa else f" and {first_b:.3g} s ({b_name})") + f", so budget_s={config.budget_s:g} fits no "
                f"measured pair; {_budget_note(result, config)}")
-    numbers = {f"first_call[{a_name}]": Measure(first_a, "s (warm-up, not a measurement)")}
+    if result.contended:  # the pairs so far were set aside, and no pair of long samples fit what was left
+        finding = (f"inconclusive: contended: {result.contention.why}; {result.set_aside} short pairs set aside "
+                   f"and no pair of {CONTENDED_SAMPLE_S * 1e3:g} ms samples fit the rest of budget_s="
+                   f"{config.budget_s:g}")
+    numbers = {f"first_call[{a_name}]": Measure(first_a, "s (warm-up, not a measurement)"),
+               "measuring_s": Measure(result.measuring_s, "s")}
     if not aa:
         numbers[f"first_call[{b_name}]"] = Measure(first_b, "s (warm-up, not a measurement)")
     next_probes = [f"bench again with budget_s={_budget_needed(result, config):.0f} (--budget-s)"]

@@ -18,6 +18,7 @@ from infragent.probes.machine import CONTENDED_CORES, CpuWatch
 
 WAIT_SHARE = 0.10  # threads runnable but not running this share of the time: contended
 STEAL_SHARE = 0.05  # the hypervisor took this share of all CPUs
+TICK_WINDOW_S = 0.5  # steal and others' CPU are read only over windows at least this long
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class ContentionWatch:
         if sched is not None and self.sched0 is not None:
             on_cpu, waiting = sched[0] - self.sched0[0], sched[1] - self.sched0[1]
             wait_share = waiting / (on_cpu + waiting) if on_cpu + waiting > 0 else 0.0
-        if steal is not None and self.steal0 is not None and window > 0:
+        if window < TICK_WINDOW_S:  # /proc/stat counts in ticks of 10 ms: too coarse for a shorter window
+            return Contention(wait_share, None, None, window)
+        if steal is not None and self.steal0 is not None:
             steal_share = (steal - self.steal0) / window / (os.cpu_count() or 1)
         return Contention(wait_share, steal_share, self.cpu.others_cores(), window)
