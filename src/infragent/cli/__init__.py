@@ -14,16 +14,23 @@ __all__ = ["app", "main", "generate", "serve", "quality", "agent", "engine", "la
 
 def main() -> None:
     """The console entry: a command ended by an interrupt exits 130, and an interrupt still pending while the
-    process unwinds cannot turn that exit into a bare KeyboardInterrupt (a SIGINT death)."""
+    process unwinds (a signal held while targets stopped, delivered late) cannot turn that exit into a bare
+    KeyboardInterrupt (a SIGINT death): one raised while the first is being handled lands in the outer
+    handler, and SIGINT is ignored from the moment the exit status is known."""
     import signal
 
+    code: Any = 130
     try:
-        app()
-        code: Any = 0
+        try:
+            app()
+            code = 0
+        except SystemExit as done:
+            code = done.code
     except KeyboardInterrupt:
-        code = 130
-    except SystemExit as done:
-        code = done.code
-    if code == 130:
+        pass  # code is still 130
+    try:
+        if code == 130:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
