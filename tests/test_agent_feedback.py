@@ -4,6 +4,7 @@ re-imported when it changes."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import agent_cases as cases
 from infragent.agent.tool_errors import explain
 from infragent.probes.bench import BenchError, run_bench
-from infragent.probes.callables import refresh_modules, resolve, stamp_modules
+from infragent.probes.callables import forget_modules, from_file, refresh_modules, resolve, stamp_modules
 from infragent.probes.check import run_check
 from infragent.probes.compact import REPLY_LIMIT, compact, compact_json
 from infragent.probes.feedback import Feedback, Measure
@@ -105,6 +106,24 @@ def test_an_error_in_user_code_is_answered_with_where_and_a_hint_not_a_traceback
     except ValueError as err:
         full = explain(err, TESTS, "check", tracebacks=True)
     assert "Traceback" in full
+
+
+def test_a_finished_run_forgets_its_modules_and_closes_what_they_cached(tmp_path):
+    """What a workload caches (engines and their threads) is freed once its run is over: its own close() is
+    called, an imported function named close is not, and the next call imports the module afresh."""
+    workload = tmp_path / "cached_workload.py"
+    workload.write_text("import json\nCACHE = {'engine': object()}\nCLOSED = []\n\n"
+                        "def close():\n    CLOSED.append(1)\n    CACHE.clear()\n\n"
+                        "def f():\n    return len(CACHE)\n")
+    borrowed = tmp_path / "borrowed_close.py"
+    borrowed.write_text("from os import close\n\ndef g():\n    return 7\n")
+    f, g = from_file(workload, "f"), from_file(borrowed, "g")
+    assert f() == 1 and g() == 7
+    module = sys.modules[f.__module__]
+    assert forget_modules(tmp_path) == sorted([f.__module__, g.__module__])
+    assert module.CLOSED == [1] and module.CACHE == {}  # closed once; os.close was never called on anything
+    assert f.__module__ not in sys.modules and forget_modules(tmp_path) == []
+    assert from_file(workload, "f")() == 1  # imported afresh
 
 
 def test_an_edited_module_is_reimported_on_the_next_call(tmp_path, monkeypatch):

@@ -3,14 +3,18 @@ disconnects, metrics, and graceful shutdown. Real servers on loopback, a small r
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import threading
 import time
+import weakref
 
 import httpx
 import openai
 import pytest
 
-from server_fixture import metric, process_server, sigterm_mid_stream, thread_server
+from server_fixture import (free_port, metric, process_server, sigterm_mid_stream, thread_server, tiny_config,
+                            wait_healthy)
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +131,27 @@ def test_api_key_is_required_when_set():
         good = openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0)
         assert good.completions.create(model="hybrid", prompt="hi", max_tokens=2).usage.completion_tokens == 2
         assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # health and metrics stay open
+
+
+def test_a_stopped_server_leaves_nothing_holding_its_engine():
+    """FastAPI remembers facts about each endpoint function for the life of the process: routes that closed
+    over the engine kept every server's model and KV cache alive after it stopped."""
+    from infragent.engine.server.serve import make_server
+
+    port = free_port()
+    server = make_server(tiny_config(), port=port, shutdown_timeout_s=5)
+    engine = weakref.ref(server.config.app.state.served.engine)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url)
+    done = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+    assert done.status_code == 200 and httpx.get(f"{url}/v1/models", timeout=5).status_code == 200
+    server.should_exit = True
+    thread.join(30)
+    del server
+    gc.collect()
+    assert engine() is None
 
 
 def test_full_queue_answers_429_with_retry_after():

@@ -21,6 +21,7 @@ from infragent.agent.targets import Candidate, proposal_info
 from infragent.agent.workspace import Workspace, run_limited
 from infragent.lab.spec import Spec
 from infragent.probes.artifacts import artifact_dir
+from infragent.probes.callables import forget_modules
 from infragent.probes.feedback import Feedback
 
 GATES_TIMEOUT_S = 600.0
@@ -46,8 +47,13 @@ class KernelTarget:
 
     @contextlib.contextmanager
     def session(self, ctx: RunContext, experiment: int) -> Iterator[None]:
-        """Nothing lives across trials: every candidate's gates run in their own child."""
-        yield
+        """Nothing lives across trials: every candidate's gates run in their own child. The diagnosis loads
+        the baseline's modules in this process; they are forgotten (and closed) when the trials end."""
+        try:
+            yield
+        finally:
+            forget_modules(self.code_dir)
+            forget_modules(self.spec_path.parent)
 
     def workspace(self, ctx: RunContext, number: int) -> Workspace:
         """A worktree of the code folder (a private copy first when it is not in a git repository)."""

@@ -10,12 +10,12 @@ import torch
 
 from infragent.engine.block_manager import BlockManager
 from infragent.engine.config import ConfigError, EngineConfig
-from infragent.engine.gguf_weights import read_gguf
+from infragent.engine.gguf_weights import llama_config, read_gguf
 from infragent.engine.kernels.build import use_native_kernels
 from infragent.engine.kv_cache import KDAStateCache, KVCache, kv_formats
 from infragent.engine.models.decoder import DecoderModel
-from infragent.engine.models.hybrid import init_hybrid
-from infragent.engine.models.llama import load_llama
+from infragent.engine.models.hybrid import hybrid_shape, init_hybrid
+from infragent.engine.models.llama import llama_shape, load_llama
 from infragent.engine.models.shape import ModelShape
 from infragent.engine.native_gemm import make_gemm
 from infragent.engine.parallel.build import caches, shard_model, stage_model
@@ -65,7 +65,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     elif stages > 1:  # rank 0 is the first pipeline stage
         model = stage_model(config, shape, weights, 0, stages)
     else:
-        model = DecoderModel(shape, weights, config.torch_dtype)
+        model = DecoderModel(shape, weights, config.torch_dtype, consume=True)
         model.use_gemm(make_gemm(config.gemm))
         model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
     del weights
@@ -129,18 +129,39 @@ def _make_runner(config: EngineConfig, model: DecoderModel, kv_cache: KVCache, k
 def size_kv_cache(config: EngineConfig, shape: ModelShape, max_model_len: int) -> tuple[list, int, int]:
     """Size the attention KV cache from kv_cache_gb; returns (layer formats, block_size, num_blocks)."""
     formats = kv_formats(config.layer_kv_dtypes(shape.num_attention_layers))
-    model_element = torch.finfo(config.torch_dtype).bits // 8
     block_size = config.block_size if config.kv_layout == "paged" else max_model_len
-    row = shape.num_kv_heads * shape.head_dim
-    # per token: K and V rows in each layer's format, plus (scaled formats) a K and V scale per head and block
-    per_token = sum(2 * row * (f.element_size if f else model_element)
-                    + (2 * shape.num_kv_heads * 4 / block_size if f and f.scaled else 0) for f in formats)
-    capacity = int(config.kv_cache_gb * 1e9 // max(per_token, 1))
+    capacity = int(config.kv_cache_gb * 1e9 // max(_kv_bytes_per_token(config, shape, block_size), 1))
     num_blocks = capacity // block_size
     if num_blocks * block_size < max_model_len or num_blocks == 0:
         raise ConfigError(f"kv_cache_gb: {config.kv_cache_gb} GB holds {capacity} tokens, fewer than "
                           f"max_model_len={max_model_len}; raise kv_cache_gb or lower max_model_len")
     return formats, block_size, num_blocks
+
+
+def kv_cache_gb_for(config: EngineConfig, tokens: int) -> float:
+    """The kv_cache_gb that holds `tokens` tokens (rounded up to whole blocks) of this config's model."""
+    shape = model_shape(config)
+    block_size = config.block_size if config.kv_layout == "paged" else (config.max_model_len or tokens)
+    blocks = -(-tokens // block_size)
+    per_token = _kv_bytes_per_token(config, shape, block_size)
+    return max(blocks * block_size * per_token / 1e9 * 1.001, 1e-3)  # 1.001: past float rounding
+
+
+def model_shape(config: EngineConfig) -> ModelShape:
+    """The shape of the config's model, read from the GGUF's header (no weights are loaded)."""
+    gguf = read_gguf(config.gguf_path)
+    if config.model == "llama":
+        return llama_shape(llama_config(gguf))
+    return hybrid_shape(config.hybrid, Tokenizer.from_reader(gguf).vocab_size)
+
+
+def _kv_bytes_per_token(config: EngineConfig, shape: ModelShape, block_size: int) -> float:
+    """K and V rows in each attention layer's format, plus (scaled formats) a K and V scale per head and block."""
+    formats = kv_formats(config.layer_kv_dtypes(shape.num_attention_layers))
+    model_element = torch.finfo(config.torch_dtype).bits // 8
+    row = shape.num_kv_heads * shape.head_dim
+    return sum(2 * row * (f.element_size if f else model_element)
+               + (2 * shape.num_kv_heads * 4 / block_size if f and f.scaled else 0) for f in formats)
 
 
 def quantize(model: DecoderModel, config: EngineConfig, calibrate: Callable[[], None]) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
+
+log = logging.getLogger("infragent.callables")
 
 
 class CallableError(ValueError):
@@ -82,11 +85,28 @@ def refresh_modules(root: Path) -> list[str]:
     mine = _user_modules(root)
     if all(_STAMPS.get(str(path)) == _stamp(path) for path in mine.values()):
         return []
-    for name, path in mine.items():
-        sys.modules.pop(name, None)
+    return _forget(mine)
+
+
+def forget_modules(root: Path) -> list[str]:
+    """Forget every user module loaded from a file under root (what a finished run loaded), first calling
+    the module's own close() where it has one, so that what it cached (engines, their threads) is freed;
+    the names forgotten."""
+    return _forget(_user_modules(root))
+
+
+def _forget(modules: dict[str, Path]) -> list[str]:
+    for name, path in modules.items():
+        module = sys.modules.pop(name, None)
         _STAMPS.pop(str(path), None)
+        close = getattr(module, "close", None)
+        if callable(close) and getattr(close, "__module__", None) == getattr(module, "__name__", None):
+            try:
+                close()
+            except Exception as err:  # the user's cleanup failing must not fail the run that used it
+                log.warning("%s: close() raised %s: %s", path, type(err).__name__, err)
     importlib.invalidate_caches()
-    return sorted(mine)
+    return sorted(modules)
 
 
 def stamp_modules(root: Path) -> None:

@@ -12,7 +12,7 @@ Each comes with a bootstrap CI over windows (or prompts) and the raw per-window 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -146,13 +146,17 @@ def quality_of(model: str, knobs: dict[str, Any], plan: QualityPlan | None = Non
                budget_s: float | None = None) -> Feedback:
     """The quality gates of an engine configuration (knobs: quantization, KV-cache dtypes) against fp32; past
     budget_s (loading included) it scores no further batch and answers, inconclusive, from what it has."""
+    from infragent.engine.build import kv_cache_gb_for
     from infragent.engine.config import EngineConfig
 
     start = time.monotonic()
     plan = plan or QualityPlan()
     length = max(plan.window, 64) + 32
-    candidate = LLMEngine(EngineConfig(model=model, max_model_len=length, **knobs))
-    reference = LLMEngine(EngineConfig(model=model, max_model_len=length))
+    reference_config = EngineConfig(model=model, max_model_len=length)
+    # a batch of windows at a time: a cache that holds one batch at full length, not the serving default
+    room = {"kv_cache_gb": kv_cache_gb_for(reference_config, (plan.batch + 1) * length)}
+    candidate = LLMEngine(EngineConfig(model=model, max_model_len=length, **{**room, **knobs}))
+    reference = LLMEngine(replace(reference_config, **room))
     label = " ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")) or "fp32"
     samples = quality_samples(reference, candidate, plan, None if budget_s is None else start + budget_s)
     feedback = quality_feedback(samples, label)

@@ -17,14 +17,21 @@ from infragent.trace import span
 class DecoderModel:
     """A pre-norm decoder whose mixers are attention or KDA layers, built from HF-named weights."""
 
-    def __init__(self, shape: ModelShape, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def __init__(self, shape: ModelShape, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 consume: bool = False) -> None:
+        """consume: take each weight out of `weights` as it is built in, so that the loaded copy and the
+        model's (transposed, fused) copy are never both whole in memory."""
         self.shape = shape
-        w = {name: t.to(dtype) if t.is_floating_point() and name.split(".")[-1] not in ("A_log", "dt_bias") else t
-             for name, t in weights.items()}
-        self.embed = w["model.embed_tokens.weight"]
+
+        def take(name: str) -> torch.Tensor:
+            t = weights.pop(name) if consume else weights[name]
+            keep = not t.is_floating_point() or name.split(".")[-1] in ("A_log", "dt_bias")
+            return t if keep else t.to(dtype)
+
+        self.embed = take("model.embed_tokens.weight")
         # Tied or not, the LM head keeps its own transposed copy (see Linear); the embedding stays row-major.
-        self.lm_head = Linear(self.embed if shape.tie_word_embeddings else w["lm_head.weight"])
-        self.final_norm = w["model.norm.weight"]
+        self.lm_head = Linear(self.embed if shape.tie_word_embeddings else take("lm_head.weight"))
+        self.final_norm = take("model.norm.weight")
         self.kernels = False  # native fused kernels for the residual add + RMSNorm and the MLP's silu * up
         self.rotary = rotary = Rotary(shape.head_dim, shape.rope_theta, shape.max_position_embeddings, dtype)
         self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP]] = []
@@ -33,18 +40,20 @@ class DecoderModel:
             p = f"model.layers.{i}."
             if kind == "attention":
                 mixer: Attention | KDA = Attention(
-                    w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"],
-                    w[p + "self_attn.v_proj.weight"], w[p + "self_attn.o_proj.weight"],
+                    take(p + "self_attn.q_proj.weight"), take(p + "self_attn.k_proj.weight"),
+                    take(p + "self_attn.v_proj.weight"), take(p + "self_attn.o_proj.weight"),
                     shape.num_heads, shape.num_kv_heads, shape.head_dim, rotary, attention_index)
                 attention_index += 1
             else:
-                kda_w = {name[len(p + "kda."):].removesuffix(".weight"): t
-                         for name, t in w.items() if name.startswith(p + "kda.")}
+                kda_w = {name[len(p + "kda."):].removesuffix(".weight"): take(name)
+                         for name in list(weights) if name.startswith(p + "kda.")}
                 mixer = KDA(kda_w, shape.kda_num_heads, shape.kda_head_k_dim, shape.kda_head_v_dim,
                             shape.rms_eps, shape.kda_chunk_size, kda_index)
                 kda_index += 1
-            mlp = GatedMLP(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"])
-            self.layers.append((w[p + "input_layernorm.weight"], mixer, w[p + "post_attention_layernorm.weight"], mlp))
+            mlp = GatedMLP(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight"),
+                           take(p + "mlp.down_proj.weight"))
+            self.layers.append((take(p + "input_layernorm.weight"), mixer,
+                                take(p + "post_attention_layernorm.weight"), mlp))
 
     def projections(self) -> list[tuple[object, str]]:
         """(owner, attribute) of every layer's projection linears (not the LM head), in order."""

@@ -16,7 +16,7 @@ def shard_model(config, shape: ModelShape, weights: dict[str, torch.Tensor], ran
                 world: int) -> DecoderModel:
     """Rank's DecoderModel over its weight slices, with row-parallel and vocab-parallel layers."""
     local_shape, local = shard_weights(shape, weights, rank, world)
-    model = DecoderModel(local_shape, local, config.torch_dtype)
+    model = DecoderModel(local_shape, local, config.torch_dtype, consume=True)
     make_tensor_parallel(model, rank, world, shape.vocab_size, config.tp_partial_precision)
     model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
     return model
@@ -46,8 +46,8 @@ def load_weights(config) -> tuple[ModelShape, dict[str, torch.Tensor]]:  # noqa:
 
 def stage_model(config, shape: ModelShape, weights: dict[str, torch.Tensor], stage: int,  # noqa: ANN001
                 stages: int) -> DecoderModel:
-    """Stage's DecoderModel: its run of layers only (caches renumbered from 0)."""
-    model = DecoderModel(shape, weights, config.torch_dtype)
+    """Stage's DecoderModel: its run of layers only (caches renumbered from 0); it consumes weights."""
+    model = DecoderModel(shape, weights, config.torch_dtype, consume=True)
     model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
     model.keep_layers(*bounds(shape.num_layers, stages, stage))
     return model
