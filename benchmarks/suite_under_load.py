@@ -1,6 +1,7 @@
 """The test suite on a busy machine: `python -m pytest` with every core saturated by other processes, or quiet.
 
     .venv/bin/python benchmarks/suite_under_load.py [--hogs 2] [--quiet] [--timeout-min 120] [--json out.json]
+                                                    [--log pytest.log] [pytest args]
 
 The hogs are separate processes spinning in pure Python (one per core by default), started before the suite
 and killed when it ends or at the timeout, whichever comes first, so the load is bounded in time. Reported:
@@ -35,8 +36,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_suite(timeout_s: float, extra: list[str]) -> dict:
-    """The suite once: wall time, exit status, counts and the peak RSS it printed."""
+def run_suite(timeout_s: float, extra: list[str], log: Path | None = None) -> dict:
+    """The suite once: wall time, exit status, counts and the peak RSS it printed (the whole output to log)."""
     started = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE", *extra],
@@ -46,6 +47,8 @@ def run_suite(timeout_s: float, extra: list[str]) -> dict:
         out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
         rc = None
     wall = time.monotonic() - started
+    if log is not None:
+        log.write_text(out)
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed)\b", out)}
     peak = re.search(r"peak RSS of the pytest process: ([\d.]+) GB", out)
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.M)
@@ -60,11 +63,12 @@ def main() -> None:
     parser.add_argument("--quiet", action="store_true", help="no hogs: the quiet baseline")
     parser.add_argument("--timeout-min", type=float, default=120.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--log", type=Path, default=None, help="write pytest's whole output here")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (e.g. a test file)")
     args = parser.parse_args()
     hogs = [] if args.quiet else start_hogs(args.hogs)
     try:
-        result = run_suite(args.timeout_min * 60, args.pytest_args)
+        result = run_suite(args.timeout_min * 60, args.pytest_args, args.log)
         hog_cpu = [cpu_seconds(h.pid) for h in hogs]
     finally:
         for hog in hogs:

@@ -87,8 +87,9 @@ def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int,
     ids: list[int] = []
 
     def record(proc: TargetProcess) -> None:
-        ids.append(ledger.record_launch(run_id, role, proc.pgid, proc.port, proc.argv, str(proc.log_path),
-                                        proc.started_at))
+        with held_signals():  # recorded means known here too: an interrupt lands after, and the launch is marked
+            ids.append(ledger.record_launch(run_id, role, proc.pgid, proc.port, proc.argv, str(proc.log_path),
+                                            proc.started_at))
 
     proc = TargetProcess(target, knobs, log_path, on_launch=record, code=code,
                          on_ready=lambda _: ledger.set_launch(ids[0], status="ready"))
