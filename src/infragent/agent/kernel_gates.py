@@ -52,7 +52,8 @@ def run_gates(spec: Spec, root: Path, baseline_root: Path, knobs: dict, baseline
     for name, metric in BENCH_CRITERIA.items():
         if name in feedback:
             grade_bench(feedback[name], [j for j in judgements if j.metric == metric], metric)
-    ratio = feedback["bench"].numbers["ratio"].value if "bench" in feedback else None
+    measured = feedback["bench"].numbers.get("ratio") if "bench" in feedback else None  # none: too busy to measure
+    ratio = measured.value if measured is not None else None
     return {"feedback": {name: fb.to_dict() for name, fb in feedback.items()},
             "judgements": [asdict(j) for j in judgements],
             "objective": 1.0 / ratio if ratio else None,  # speedup over the baseline: higher is better
@@ -90,9 +91,10 @@ def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgeme
         confidence = None
     else:
         bench = feedback.get("bench" if criterion.metric == "time_ratio" else "bench_reference")
-        if bench is None:
+        if bench is None or "ratio" not in bench.numbers:
+            why = "the check failed first" if bench is None else bench.finding[:200]
             return Judgement("", criterion.metric, "kernel", "all", "inconclusive", math.nan, (math.nan, math.nan),
-                             message=f"{criterion.metric}: not measured (the check failed first)")
+                             message=f"{criterion.metric}: not measured ({why})")
         m = bench.numbers["ratio"]
         value, lo, hi = m.value, m.ci_low, m.ci_high
         method = f"paired candidate/{bench.locality.get('a', 'baseline')} time ratio, {m.n} pairs"

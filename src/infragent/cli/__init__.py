@@ -17,6 +17,8 @@ def main() -> None:
     process unwinds (a signal held while targets stopped, delivered late) cannot turn that exit into a bare
     KeyboardInterrupt (a SIGINT death): one raised while the first is being handled lands in the outer
     handler, and SIGINT is ignored from the moment the exit status is known."""
+    import logging
+    import os
     import signal
 
     code: Any = 130
@@ -33,4 +35,9 @@ def main() -> None:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code == 130:  # nothing left to run: no interpreter teardown in which a late interrupt could surface
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     sys.exit(code)
