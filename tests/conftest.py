@@ -2,13 +2,14 @@
 built is released after it, and the peak resident set is reported at the end."""
 from __future__ import annotations
 
-import ctypes
 import gc
 import resource
 import sys
 from pathlib import Path
 
 import pytest
+
+from infragent.engine.build import give_back_freed_memory
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import their reference helpers by name
 
@@ -28,7 +29,7 @@ def _release_module_objects():
     so that the next module's do not pile on top: the suite's peak RSS stays bounded."""
     yield
     gc.collect()
-    _malloc_trim()
+    give_back_freed_memory()
 
 
 _MARKS: list[tuple[str, int]] = []  # (test id, the resident set's high-water mark it raised, bytes)
@@ -64,14 +65,7 @@ def _release_after_growth():
     yield
     if _rss_bytes() - before > 100e6:
         gc.collect()
-        _malloc_trim()
-
-
-def _malloc_trim() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+        give_back_freed_memory()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN001, ANN201
