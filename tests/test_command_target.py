@@ -21,16 +21,21 @@ from infragent.lab.target import TargetDied, TargetError, TargetProcess, free_po
 from server_fixture import TINY_HYBRID
 
 FLAKY = Path(__file__).resolve().parent / "flaky_server.py"
-HYBRID = json.dumps(TINY_HYBRID).replace("{", "{{").replace("}", "}}")  # literal braces in a format string
+# Wide enough that a decode step's forward, which batching shares, outweighs the per-token HTTP work it does
+# not: max_num_seqs then has an effect a loaded machine cannot hide.
+WIDE_HYBRID = dict(TINY_HYBRID, hidden_size=512, intermediate_size=1536, num_heads=8, num_kv_heads=4, head_dim=64,
+                   kda_num_heads=8, kda_head_k_dim=64, kda_head_v_dim=64)
 
 
-def command_spec(knobs: str, scenario: str, behaviour: str = "ok", hang_s: float = 60) -> str:
-    """A command-target spec: the tiny hybrid model served by flaky_server.py (plain `infragent serve` when ok)."""
+def command_spec(knobs: str, scenario: str, behaviour: str = "ok", hang_s: float = 60,
+                 hybrid: dict = TINY_HYBRID) -> str:
+    """A command-target spec: a hybrid model served by flaky_server.py (plain `infragent serve` when ok)."""
+    hybrid_json = json.dumps(hybrid).replace("{", "{{").replace("}", "}}")  # literal braces in a format string
     return f"""
 [target]
 kind = "command"
 command = '''{sys.executable} {FLAKY} --behaviour {behaviour} --port {{port}} --model hybrid
-  --hybrid-config '{HYBRID}' --max-model-len 512 --kv-cache-gb 0.05 --threads 1 --max-num-seqs {{max_num_seqs}}'''
+  --hybrid-config '{hybrid_json}' --max-model-len 512 --kv-cache-gb 0.05 --threads 1 --max-num-seqs {{max_num_seqs}}'''
 base_url = "http://127.0.0.1:{{port}}"
 ready_url = "http://127.0.0.1:{{port}}/health"
 ready_timeout_s = 60
@@ -73,7 +78,7 @@ def _group_gone(pgid: int) -> bool:
 
 def test_each_launch_has_its_own_port_and_group_and_a_real_effect_is_found(tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
-    spec.write_text(command_spec(SEQS, CONCURRENT))
+    spec.write_text(command_spec(SEQS, CONCURRENT, hybrid=WIDE_HYBRID))
     ledger = Ledger(tmp_path / "ledger.sqlite")
     outcome = optimize(spec, ledger, Budget(probes=7, minutes=6), log=print)
     launches = ledger.launches(outcome.run_id)

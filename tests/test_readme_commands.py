@@ -55,10 +55,12 @@ def test_dry_run_prints_the_plan(pack: str, tmp_path: Path) -> None:
 # (pack, flags, what the output must say): the smallest budgets that reach what each line checks. The kernel
 # ladders are 4 probe runs (5 with the GIL probe); a trial is 1-3 more. Measured here (2 cores, shared):
 # tp-precision ~20 s, kda-decode-padding ~15 s, kv-transfer-gil ~90-120 s (its ladder only: 12 prefills of
-# 600 ms per check trial; a trial would add ~2.5 min), quant-gates: see its test.
+# 600 ms per check trial; a trial would add ~2.5 min), quant-gates: see its test. Which of two passing fixes is
+# faster (tf32x3 or bf16x3) is a timing claim a busy machine may flip: either is a right best here.
 KERNEL_RUNS = [
     ("tp-precision", ["--budget-probes", "9", "--budget-minutes", "2"],
-     ["shards 0, 1 of column:2 compute with bf16 operands", "best: trial 2 {'precision': 'bf16x3'}",
+     ["shards 0, 1 of column:2 compute with bf16 operands",
+      re.compile(r"best: trial (1 \{'precision': 'tf32x3'\}|2 \{'precision': 'bf16x3'\})"),
       "[trial/0/check] FAIL", "[trial/2/bench] PASS"]),
     ("kda-decode-padding", ["--budget-probes", "6", "--budget-minutes", "1"],
      ["the FP32 work in kda.gate, kda.qk_norm is redone in every kda.v_tile: 4x per call",
@@ -73,7 +75,7 @@ def test_kernel_pack_command_from_another_folder(pack: str, flags: list[str], wo
                                                  tmp_path: Path) -> None:
     out = ran_clean(infragent("optimize", pack, *flags, cwd=tmp_path, timeout=400))
     for word in words:
-        assert word in out, (word, out[-4000:])
+        assert (word.search(out) if isinstance(word, re.Pattern) else word in out), (word, out[-4000:])
     assert "did not finish" not in out  # no gates child died (it runs in the pack's folder, not here)
     assert (tmp_path / ".infragent" / "ledger.sqlite").exists()
     assert any((tmp_path / ".infragent" / "artifacts").iterdir())  # evidence lands under the cwd's .infragent

@@ -151,26 +151,36 @@ def matrix(c: TraceColumns, by: str = "cat", top: int = 6) -> tuple[list[str], n
     return [labels[k] for k in keys], share
 
 
-def never_overlapping(c: TraceColumns, top: int = 12, min_share: float = 0.01) -> list[Overlap]:
-    """Pairs of span names on different threads, each over min_share of its thread's busy time (and of the
-    busiest thread's), both busy in the same stretch of time, that (almost) never ran at the same time."""
-    busy_by_track = np.bincount(c.track[c.depth == 0], weights=(c.end - c.start)[c.depth == 0],
-                                minlength=len(c.tracks))
+def never_overlapping(c: TraceColumns, top: int = 12, min_share: float = 0.01,
+                      min_thread_share: float = 1e-4) -> list[Overlap]:
+    """Pairs of span names on different threads, each over min_share of its own thread's busy time, both busy
+    in the same stretch of time, that (almost) never ran at the same time.
+
+    A starved thread may be tiny next to the busiest one (a KV transfer of a few ms beside seconds of GEMM),
+    so names are taken per thread, round robin: each thread's largest name first, then each one's second,
+    up to top names. Only threads idler than min_thread_share of the busiest are left out.
+    """
     if not len(c):
         return []
+    busy_by_track = np.bincount(c.track[c.depth == 0], weights=(c.end - c.start)[c.depth == 0],
+                                minlength=len(c.tracks))
     pairs, inverse = np.unique(np.stack([c.name, c.track], axis=1), axis=0, return_inverse=True)
-    summed = np.bincount(inverse.ravel(), weights=c.end - c.start, minlength=len(pairs))  # >= busy time
-    order = np.argsort(-summed)
+    inverse = inverse.ravel()
+    summed = np.bincount(inverse, weights=c.end - c.start, minlength=len(pairs))  # >= busy time
+    ranked = []  # (rank within its thread, -summed, pair)
+    for track in np.flatnonzero(busy_by_track >= min_thread_share * busy_by_track.max()).tolist():
+        on_track = np.flatnonzero(pairs[:, 1] == track)
+        on_track = on_track[np.argsort(-summed[on_track])]
+        ranked += [(rank, -summed[k], int(k)) for rank, k in enumerate(on_track.tolist())
+                   if summed[k] >= min_share * busy_by_track[track]]
     candidates = []
-    for k in order.tolist():  # largest first; the union (busy time) only for the few that can qualify
-        if len(candidates) == top or summed[k] < min_share * busy_by_track.max():
-            break  # every later pair is smaller still
+    for _, _, k in sorted(ranked):
+        if len(candidates) == top:
+            break
         name, track = int(pairs[k][0]), int(pairs[k][1])
-        if summed[k] < min_share * busy_by_track[track]:
-            continue
-        mask = inverse.ravel() == k
+        mask = inverse == k
         busy = length(c.start[mask], c.end[mask])
-        if busy_by_track[track] and busy >= min_share * busy_by_track[track]:
+        if busy >= min_share * busy_by_track[track]:
             candidates.append((busy, name, track, mask))
     found = []
     for i, (_, na, ta, ma) in enumerate(candidates):
