@@ -97,6 +97,10 @@ def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgeme
                              message=f"{criterion.metric}: not measured ({why})")
         m = bench.numbers["ratio"]
         value, lo, hi = m.value, m.ci_low, m.ci_high
+        if bench.details.get("outcome") == "contended":  # the bench itself does not trust this interval
+            return Judgement("", criterion.metric, "kernel", "all", "inconclusive", value, (lo, hi),
+                             message=f"{criterion.metric} {value:.4g}: not judged, the bench does not trust it "
+                                     f"({bench.finding[:240]})")
         method = f"paired candidate/{bench.locality.get('a', 'baseline')} time ratio, {m.n} pairs"
         confidence = bench.details.get("confidence", DECIDE_CONFIDENCE)
     judgement = judge_interval(criterion, value, lo, hi, "kernel")
