@@ -18,6 +18,25 @@ from infragent.engine.config import EngineConfig, HybridConfig
 
 TINY_HYBRID = dict(hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
                    kda_num_heads=4, kda_head_k_dim=32, kda_head_v_dim=32)
+# Wide enough that a decode step's forward, which batching shares, outweighs the per-token HTTP work it does
+# not: max_num_seqs then has an effect a loaded machine cannot hide.
+WIDE_HYBRID = dict(TINY_HYBRID, hidden_size=512, intermediate_size=1536, num_heads=8, num_kv_heads=4, head_dim=64,
+                   kda_num_heads=8, kda_head_k_dim=64, kda_head_v_dim=64)
+# Eight requests at a time against a max_num_seqs knob: the scenario where batching shows (e2e latency).
+CONCURRENT = """
+[[scenarios]]
+name = "c8"
+num_prompts = 16
+max_concurrency = 8
+random_input_len = 48
+random_output_len = 12
+repeats = 2
+
+[[criteria]]
+scenario = "c8"
+metric = "e2el_median_ms"
+max_regression = 0.05
+"""
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
@@ -97,10 +116,10 @@ def metric(url: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
-def tiny_target_toml() -> str:
-    """The [target] table of a spec that serves the tiny hybrid model (for measure/report tests)."""
+def tiny_target_toml(hybrid: dict = TINY_HYBRID) -> str:
+    """The [target] table of a spec that serves a small hybrid model (for measure/report tests)."""
     return ('[target]\nkind = "engine"\nmodel = "hybrid"\nserve_args = ["--hybrid-config", '
-            f"'{json.dumps(TINY_HYBRID)}', "
+            f"'{json.dumps(hybrid)}', "
             '"--max-model-len", "512", "--kv-cache-gb", "0.05", "--threads", "1"]\n')
 
 

@@ -18,13 +18,9 @@ from infragent.agent.core import optimize
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Target
 from infragent.lab.target import TargetDied, TargetError, TargetProcess, free_port, require_own_ports
-from server_fixture import TINY_HYBRID
+from server_fixture import CONCURRENT, TINY_HYBRID, WIDE_HYBRID
 
 FLAKY = Path(__file__).resolve().parent / "flaky_server.py"
-# Wide enough that a decode step's forward, which batching shares, outweighs the per-token HTTP work it does
-# not: max_num_seqs then has an effect a loaded machine cannot hide.
-WIDE_HYBRID = dict(TINY_HYBRID, hidden_size=512, intermediate_size=1536, num_heads=8, num_kv_heads=4, head_dim=64,
-                   kda_num_heads=8, kda_head_k_dim=64, kda_head_v_dim=64)
 
 
 def command_spec(knobs: str, scenario: str, behaviour: str = "ok", hang_s: float = 60,
@@ -52,22 +48,6 @@ domain = [1, 8]
 default = 1
 touches = ["decode"]
 """
-CONCURRENT = """
-[[scenarios]]
-name = "c8"
-num_prompts = 16
-max_concurrency = 8
-random_input_len = 48
-random_output_len = 12
-repeats = 2
-
-[[criteria]]
-scenario = "c8"
-metric = "e2el_median_ms"
-max_regression = 0.05
-"""
-
-
 def _group_gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

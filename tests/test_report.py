@@ -1,23 +1,50 @@
-"""The HTML report: built from a real measure run in the ledger, rendered in headless Chromium."""
+"""The report and the live dashboard, on real runs. A short `infragent optimize` (a small hybrid engine, one
+knob with a real effect, the ladder's baseline trace) is followed live in the dashboard while it runs, then its
+report is opened in headless Chromium; a `measure` run with one criterion that cannot pass shows a failing
+headline. What the pages say is checked against the ledger, not against fixed words."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
+import httpx
 import pytest
 
-from server_fixture import tiny_target_toml
+from infragent.lab.ledger import Ledger
+from infragent.report.data import run_report
+from server_fixture import CONCURRENT, WIDE_HYBRID, tiny_target_toml
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PLAYWRIGHT = ROOT / ".venv" / "node_modules" / "playwright-core"
+BROWSER = CHROMIUM is not None and shutil.which("node") is not None and PLAYWRIGHT.exists()
+needs_browser = pytest.mark.skipif(not BROWSER, reason="needs Debian's chromium, node and playwright-core "
+                                                       "(make test installs them where it can)")
+SHOTS = Path(os.environ.get("INFRAGENT_SCREENSHOTS", ROOT / ".infragent" / "screenshots"))
+KEY = "report-test-key"
 
-SPEC = tiny_target_toml() + """\
+OPTIMIZE_SPEC = tiny_target_toml(WIDE_HYBRID) + """
+[knobs.max_num_seqs]
+type = "int"
+domain = [1, 8]
+default = 1
+touches = ["decode", "mlp", "attention", "kda"]
+""" + CONCURRENT + """
+[[criteria]]
+scenario = "c8"
+metric = "ttft_p99_ms"
+max = 60000
+"""
 
+MEASURE_SPEC = tiny_target_toml() + """
 [[scenarios]]
 name = "short"
 num_prompts = 16
@@ -46,67 +73,220 @@ min = 1000000
 """
 
 
+def cli(*args: str, cwd: Path, **kw) -> subprocess.Popen:  # noqa: ANN003 (Popen's own options)
+    """`python -m infragent.cli ARGS` from cwd, with this checkout's sources."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "INFRAGENT_ARTIFACTS": str(cwd / "artifacts-in")}
+    return subprocess.Popen([sys.executable, "-m", "infragent.cli", *args], cwd=cwd, env=env, text=True, **kw)
+
+
+def node(script: str, url: str, *rest: str, timeout: float) -> dict:
+    """Run a Playwright script under tests/ on url (with Debian's chromium) and return the JSON it printed."""
+    env = {**os.environ, "NODE_PATH": str(PLAYWRIGHT.parent)}
+    out = subprocess.run(["node", str(Path(__file__).parent / script), url, CHROMIUM or "", *rest],
+                         capture_output=True, text=True, env=env, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def start_ui(ledger: Path, cwd: Path, api_key: str | None = KEY) -> tuple[subprocess.Popen, str]:
+    """`infragent ui` on a free port; (process, base URL) once it answers."""
+    proc = cli("ui", "--ledger", str(ledger), "--port", "0", *(["--api-key", api_key] if api_key else []), cwd=cwd,
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = proc.stderr.readline()
+    found = re.search(r"(http://127\.0\.0\.1:\d+)/", line)
+    assert found, line + proc.stderr.read()[-2000:] if proc.poll() is not None else line
+    return proc, found.group(1)
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Path:
-    """Run `infragent measure` on a tiny target, record a trace, and write the report."""
-    tmp = tmp_path_factory.mktemp("report")
-    spec = tmp / "spec.toml"
-    spec.write_text(SPEC)
-    env = {**os.environ, "PYTHONPATH": str(SRC), "INFRAGENT_ARTIFACTS": str(tmp / "artifacts-in")}
-    ledger = str(tmp / "ledger.sqlite")
-    cli = [sys.executable, "-m", "infragent.cli"]
-    subprocess.run([*cli, "measure", str(spec), "--ledger", ledger], cwd=tmp, env=env, check=True,
-                   capture_output=True, timeout=300)
+def optimized(tmp_path_factory) -> dict:
+    """A real optimize run, followed live in the dashboard while it runs (when a browser is here)."""
+    tmp = tmp_path_factory.mktemp("optimize")
+    (tmp / "spec.toml").write_text(OPTIMIZE_SPEC)
+    ledger = tmp / "ledger.sqlite"
+    run = cli("optimize", str(tmp / "spec.toml"), "--ledger", str(ledger), "--budget-probes", "8",
+              "--budget-minutes", "6", cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: dict = {"ledger": ledger, "tmp": tmp}
+    ui = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.poll() is None and not _has_run(ledger):
+            time.sleep(0.2)
+        ui, url = start_ui(ledger, tmp)
+        seen["url"] = url
+        seen["unauthorized"] = httpx.get(f"{url}/runs/1", timeout=30).status_code
+        if BROWSER:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            seen["follow"] = node("follow_run.cjs", f"{url}/runs/1?key={KEY}", "400000", str(SHOTS / "dashboard.png"),
+                                  timeout=460)
+        seen["bearer"] = httpx.get(f"{url}/api/runs/1", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+        seen["output"], _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGINT)
+            run.wait(60)
+        if ui is not None:
+            ui.terminate()
+            ui.wait(30)
+    assert run.returncode == 0, seen.get("output", "")[-4000:]
+    seen["report"] = ledger.parent / "report-run-1.html"
+    return seen
+
+
+def _has_run(ledger: Path) -> bool:
+    if not ledger.exists():
+        return False
+    try:
+        return bool(Ledger(ledger, readonly=True).runs())
+    except Exception:  # noqa: BLE001 (the file may be half created)
+        return False
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict:
+    """`infragent measure` with one criterion that cannot pass, and its report with a trace given."""
+    tmp = tmp_path_factory.mktemp("measure")
+    (tmp / "spec.toml").write_text(MEASURE_SPEC)
+    ledger = tmp / "ledger.sqlite"
+    done = cli("measure", str(tmp / "spec.toml"), "--ledger", str(ledger), cwd=tmp, stdout=subprocess.PIPE,
+               stderr=subprocess.STDOUT)
+    out, _ = done.communicate(timeout=300)
+    assert done.returncode == 0, out[-3000:]
     trace = tmp / "trace.json"
     subprocess.run([sys.executable, "-c", "from infragent.trace import Recorder, span\n"
                     "import threading, time\n"
                     "def work():\n    for _ in range(4):\n        with span('decode'): time.sleep(0.001)\n"
                     "with Recorder() as r:\n    t = threading.Thread(target=work, name='engine-loop'); t.start()\n"
                     "    with span('schedule'): time.sleep(0.002)\n    t.join()\n"
-                    f"r.trace().save({str(trace)!r})"], env=env, check=True, timeout=60)
-    out = tmp / "report.html"
-    subprocess.run([*cli, "report", "1", "--ledger", ledger, "-o", str(out), "--trace", str(trace)], cwd=tmp,
-                   env=env, check=True, capture_output=True, timeout=120)
-    return out
+                    f"r.trace().save({str(trace)!r})"], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                   check=True, timeout=60)
+    report = tmp / "report.html"
+    made = cli("report", "1", "--ledger", str(ledger), "-o", str(report), "--trace", str(trace), cwd=tmp,
+               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = made.communicate(timeout=120)
+    assert made.returncode == 0, out
+    return {"ledger": ledger, "report": report, "trace": trace}
 
 
-def test_report_is_self_contained_and_complete(report):
-    page = report.read_text()
-    assert not re.search(r'(src|href)="(https?:)?//', page)  # no network: nothing external to load
-    assert page.count('class="chart cdf"') == 3  # TTFT, TPOT, E2EL
-    assert 'data-series="short"' in page and 'data-series="paced"' in page
-    assert page.count('class="point"') == 4  # 2 scenarios x 2 repeats
-    assert "short &lt;=128" in page and "paced &lt;=512" in page  # breakdown by bucket
-    assert page.count('class="span"') == 5 and "engine-loop" in page  # timeline excerpt, two threads
+def _judgements_in_ledger(ledger: Path) -> list[tuple[str, str, str, str]]:
+    """(metric, phase, bucket, verdict) the ledger holds for what the headline shows: the best trial's, or the
+    criterion probes' of a measure run."""
+    book = Ledger(ledger, readonly=True)
+    candidates = [c for c in book.candidates(1) if c["status"] == "measured" and c["feasible"]]
+    if book.run(1)["kind"] == "optimize":
+        best = max(candidates, key=lambda c: c["objective"])
+        rows = best["judgements"]
+    else:
+        rows = [j for r in book.probe_results(1) if r["probe"] == "criterion"
+                for j in r["feedback"]["details"]["judgements"]]
+    return sorted((j["metric"], j["phase"], j["bucket"], j["verdict"]) for j in rows)
 
 
-PLAYWRIGHT = Path(__file__).resolve().parent.parent / ".venv" / "node_modules" / "playwright-core"
+def test_the_report_is_self_contained(optimized, measured):
+    for page in (optimized["report"].read_text(), measured["report"].read_text()):
+        assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing loaded from a network
+        assert "<script src" not in page and "<link" not in page
 
 
-@pytest.mark.skipif(CHROMIUM is None or shutil.which("node") is None or not PLAYWRIGHT.exists(),
-                    reason="needs Debian's chromium, node and playwright-core (make test installs them where it can)")
-def test_report_renders_in_playwright(report):
-    env = {**os.environ, "NODE_PATH": str(PLAYWRIGHT.parent)}
-    out = subprocess.run(["node", str(Path(__file__).parent / "render_report.cjs"), str(report), CHROMIUM],
-                         capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    seen = json.loads(out.stdout)
+def test_the_optimize_report_agrees_with_the_ledger(optimized):
+    data = run_report(Ledger(optimized["ledger"], readonly=True), 1)
+    assert data.headline.best is not None, optimized["output"][-3000:]  # a real effect: max_num_seqs > 1 wins
+    shown = sorted((j["metric"], j["phase"], j["bucket"], j["verdict"]) for j in data.headline.judgements)
+    assert shown == _judgements_in_ledger(optimized["ledger"]) and all(v == "pass" for *_, v in shown)
+    assert data.headline.stopped and data.trace is not None and data.trace.label == "ladder/trace"
+    assert {p["side"] for p in data.points} == {"trial", "baseline"}
+    assert all({"baseline", "best"} <= set(sides) for groups in data.cdfs.values() for sides in groups.values())
+
+
+@needs_browser
+def test_the_optimize_report_in_a_browser(optimized):
+    seen = node("render_report.cjs", optimized["report"].as_uri(), str(SHOTS / "report-optimize.png"), timeout=180)
+    assert not seen["errors"], seen["errors"]
+    assert seen["title"] == "Run 1: optimize — completed" and seen["badge"] == "WIN"
+    shown = sorted((c["metric"], c["phase"], c["bucket"], c["verdict"]) for c in seen["criteria"])
+    assert shown == _judgements_in_ledger(optimized["ledger"])
+    kinds = {c["kind"] for c in seen["charts"]}
+    assert {"progress", "pareto", "cdf", "timeline"} <= kinds, kinds
+    for c in seen["charts"]:
+        if c["kind"] == "timeline":
+            continue
+        assert {"baseline", "best"} <= set(c["series"]), (c["title"], c["series"])
+        assert all(s["marks"] > 0 for name, s in c["series"].items() if name in ("baseline", "best")), c
+        assert c["xLabel"] and c["yLabel"] and c["ticks"] >= 4, c  # labelled axes with ticks, not min/max only
+    assert len(seen["trialsBefore"]) >= 2
+    ascending = [v for _, v in seen["sortedAscending"]]
+    descending = [v for _, v in seen["sortedDescending"]]
+    assert ascending == sorted(ascending) and descending == sorted(descending, reverse=True)
+    assert seen["traceHref"] and seen["perfettoButton"] and seen["spans"] > 10
+    trace_file = Path(unquote(urlparse(seen["traceHref"]).path))
+    assert trace_file.is_file() and trace_file.parent.parent == optimized["ledger"].parent / "artifacts"
+    assert seen["hypotheses"] >= 1 and seen["probes"] >= 5
+
+
+@needs_browser
+def test_a_failing_criterion_shows_in_the_headline(measured):
+    seen = node("render_report.cjs", measured["report"].as_uri(), str(SHOTS / "report-measure.png"), timeout=180)
+    assert not seen["errors"], seen["errors"]
     assert seen["title"] == "Run 1: measure — completed"
     assert {c["metric"]: c["verdict"] for c in seen["criteria"]} == {"ttft_median_ms": "pass", "output_tok_s": "fail"}
-    assert len(seen["cdfLines"]) == 6 and all(w > 10 for w in seen["cdfLines"])  # 3 CDFs x 2 scenarios, drawn
-    assert seen["points"] == 4 and len(seen["bars"]) >= 4 and max(seen["bars"]) > 50 and seen["spans"] == 5
+    shown = sorted((c["metric"], c["phase"], c["bucket"], c["verdict"]) for c in seen["criteria"])
+    assert shown == _judgements_in_ledger(measured["ledger"])
+    cdfs = [c for c in seen["charts"] if c["kind"] == "cdf"]
+    assert cdfs and all(c["series"].get("baseline", {}).get("marks", 0) > 1 for c in cdfs)
+    assert Path(unquote(urlparse(seen["traceHref"]).path)) == measured["trace"] and seen["spans"] == 5
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it where it can)")
-def test_report_renders_in_headless_chromium(report, tmp_path):
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
-    dom = subprocess.run([*args, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120).stdout
-    assert "<h1>Run 1: measure — completed</h1>" in dom
-    rows = re.findall(r'<tr class="verdict-(\w+)">(.*?)</tr>', dom, re.S)
-    verdicts = {re.findall(r"<td>(.*?)</td>", row)[3]: verdict for verdict, row in rows}
-    assert verdicts == {"ttft_median_ms": "pass", "output_tok_s": "fail"}  # the impossible minimum fails
-    assert "in phase request, bucket all" in dom
-    shot = tmp_path / "report.png"
-    subprocess.run([*args, f"--screenshot={shot}", "--window-size=1000,1600", report.as_uri()],
-                   capture_output=True, timeout=120)
-    assert shot.exists() and shot.stat().st_size > 20_000  # a page with charts, not a blank one
+@needs_browser
+def test_the_dashboard_shows_a_new_trial_without_a_reload(optimized):
+    follow = optimized["follow"]
+    assert not follow["errors"], follow["errors"]
+    assert follow["opened"]["status"] == "running", follow
+    appeared = follow["appeared"]
+    assert "error" not in appeared and appeared["sameDocument"] and follow["navigations"] == 1, follow
+    assert len(appeared["trials"]) > follow["opened"]["reportTrials"] and "left:" in appeared["budget"]
+
+
+def test_the_dashboard_needs_its_key(optimized):
+    assert optimized["unauthorized"] == 401
+    answer = optimized["bearer"]
+    assert answer.status_code == 200 and answer.json()["progress"]["budget"] == {"probes": 8, "minutes": 6.0}
+
+
+def test_report_and_ui_say_what_is_wrong_in_one_line(measured, tmp_path):
+    empty = tmp_path / "empty.sqlite"
+    Ledger(empty)
+    corrupt = tmp_path / "corrupt.sqlite"
+    corrupt.write_bytes(b"this is not a database" * 100)
+    cases = [(["report", "7", "--ledger", str(measured["ledger"])], "no run 7"),
+             (["report", "1", "--ledger", str(tmp_path / "missing.sqlite")], "no ledger here"),
+             (["report", "1", "--ledger", str(empty)], "has no runs yet"),
+             (["report", "1", "--ledger", str(corrupt)], "not a usable ledger"),
+             (["report", "1", "--ledger", str(measured["ledger"]), "--trace", str(tmp_path / "nope.json")], "nope.json"),
+             (["ui", "--ledger", str(tmp_path / "missing.sqlite")], "no ledger here"),
+             (["ui", "--ledger", str(empty)], "has no runs yet"),
+             (["ui", "--ledger", str(corrupt)], "not a usable ledger"),
+             (["ui", "--ledger", "postgresql://localhost/x"], "only SQLite ledgers")]
+    for args, words in cases:
+        proc = cli(*args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = proc.communicate(timeout=60)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], (args, out, err)
+        assert "Traceback" not in err
+
+
+def test_the_ui_answers_a_missing_run_with_a_page_not_a_traceback(measured, tmp_path):
+    ui, url = start_ui(measured["ledger"], tmp_path, api_key=None)
+    try:
+        missing = httpx.get(f"{url}/runs/9", timeout=30)
+        listing = httpx.get(f"{url}/", timeout=30)
+        report = httpx.get(f"{url}/runs/1", timeout=30)
+        artifact = httpx.get(f"{url}/artifacts/{'0' * 64}", timeout=30)
+    finally:
+        ui.terminate()
+        ui.wait(30)
+    assert missing.status_code == 404 and "no run 9" in missing.text and "Traceback" not in missing.text
+    assert listing.status_code == 200 and 'href="/runs/1"' in listing.text
+    assert report.status_code == 200 and "output_tok_s" in report.text
+    assert artifact.status_code == 404
+    hrefs = re.findall(r'href="(/artifacts/[0-9a-f]{64})"', report.text)
+    assert hrefs, "served reports link evidence through /artifacts"

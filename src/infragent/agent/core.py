@@ -12,6 +12,7 @@ resumes from the ledger: recorded probes and candidates are replayed, not re-run
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from infragent.agent.workspace import WorkspaceError
 from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import guarded_run, open_run
 from infragent.lab.spec import Spec, load_spec
+from infragent.lab.trajectory import best_of
 from infragent.probes.feedback import Feedback
 
 MAX_FAILED_PROPOSALS = 3  # consecutive proposals without a usable patch before the loop stops
@@ -67,8 +69,9 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, proposer: Pr
         + f" ({proposer.name if proposer else 'search'} proposer, feedback {feedback})")
     with guarded_run(ledger, run_id, f"infragent optimize {spec_path} --ledger {ledger.path}", log):
         ctx = RunContext(spec, spec_path, ledger, run_id, budget, log, seed, feedback)
+        ledger.set_run(run_id, budget=json.dumps(asdict(budget)))
         outcome = _optimize(ctx, target, proposer)
-        ledger.set_run(run_id, status="completed")
+        ledger.set_run(run_id, status="completed", note="; ".join(outcome.limits) or None)
     return outcome
 
 
@@ -230,16 +233,3 @@ def _proposal_feedback(proposal: Proposal | None, error: str, transcript: list |
     return Feedback("proposal", "pass", f"{proposal.proposer} proposed a {lines}-line patch: {proposal.rationale[:300]}",
                     details={"patch": proposal.patch, "rationale": proposal.rationale, "hypothesis": proposal.hypothesis,
                              "transcript": proposal.transcript, "cost_s": round(proposal.cost_s, 2)}).to_dict()
-
-
-def best_of(trials: list[dict]) -> tuple[dict | None, list[str]]:
-    """The best feasible measured trial, and what limited the result."""
-    measured = [t for t in trials if t["status"] == "measured"]
-    feasible = [t for t in measured if t["feasible"]]
-    limits = []
-    if not measured:
-        limits.append("no proposal reached an end-to-end run (" + "; ".join(sorted({t.get("why", "") for t in trials}))
-                      + ")")
-    elif not feasible:
-        limits.append("every measured proposal failed a criterion")
-    return (max(feasible, key=lambda t: t["objective"]) if feasible else None), limits

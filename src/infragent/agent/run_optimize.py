@@ -10,7 +10,7 @@ from infragent.agent.core import Outcome, optimize
 from infragent.lab.criteria import describe
 from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import interrupt_on_sigterm
-from infragent.lab.report import write_report
+from infragent.report.run_page import write_report
 
 
 def summary_lines(outcome: Outcome) -> list[str]:
@@ -52,7 +52,11 @@ def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget,
     print()
     for line in summary_lines(outcome):
         print(line)
-    report = write_report(ledger, outcome.run_id, Path(ledger_path).parent / f"report-run-{outcome.run_id}.html")
-    print(f"report: {report}")
+    try:
+        report = write_report(ledger, outcome.run_id, Path(ledger_path).parent / f"report-run-{outcome.run_id}.html")
+        print(f"report: {report}")
+    except Exception as err:  # noqa: BLE001 (the run is recorded; a page that cannot be drawn must not hide it)
+        print(f"report: not written ({type(err).__name__}: {str(err)[:300]}); "
+              f"`infragent report {outcome.run_id} --ledger {ledger_path}` tries again")
     print(f"trajectory: infragent show {outcome.run_id} --ledger {ledger_path}")
     return outcome

@@ -14,10 +14,18 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def emit(feedback, as_json: bool, verbose: bool = False) -> None:
-    """Print a probe's Feedback (JSON or text; compact unless verbose) and exit 1 when its verdict is fail."""
+def emit(feedback, as_json: bool, verbose: bool = False, html: str | None = None) -> None:
+    """Print a probe's Feedback (JSON or text; compact unless verbose) and exit 1 when its verdict is fail;
+    html: also draw it as a page there (charts of its raw evidence)."""
     from infragent.probes.compact import compact_json, render_compact
 
+    if html:
+        from infragent.report.probe_page import write_probe_page
+
+        try:
+            typer.echo(f"html: {write_probe_page(feedback, html)}", err=True)
+        except OSError as err:
+            fail(f"--html {html}: {err.strerror}")
     if verbose:
         typer.echo(feedback.to_json() if as_json else feedback.render())
     else:

@@ -120,14 +120,52 @@ def report(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="HTML file (default: run-ID.html)."),
     trace: Optional[str] = typer.Option(None, "--trace", help="A Chrome trace to show a timeline excerpt from."),
 ) -> None:
-    """Write one self-contained HTML report of a run."""
+    """Write one self-contained HTML report of a run (offline: no network, charts inline)."""
     from infragent.lab.ledger import Ledger, LedgerError
-    from infragent.lab.report import write_report
+    from infragent.report.run_page import write_report
     from infragent.trace_model import TraceFormatError
 
     try:
-        path = write_report(Ledger(ledger_file(ledger)), run_id, output or f"run-{run_id}.html", trace)
+        path = write_report(Ledger.existing(ledger_file(ledger)), run_id, output or f"run-{run_id}.html", trace)
     except (LedgerError, TraceFormatError) as err:
         fail(str(err))
         return
+    except OSError as err:
+        fail(f"{err.filename or output}: {err.strerror}")
+        return
     typer.echo(path)
+
+
+@app.command()
+def ui(
+    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="The ledger: a SQLite file, or sqlite:///PATH."),
+    port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free port)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this key on every request (Bearer "
+                                          "header, or open /?key=KEY once in a browser)."),
+) -> None:
+    """Serve a read-only dashboard of the ledger on loopback: runs, each run's report, a run in progress live."""
+    import socket
+
+    import uvicorn
+
+    from infragent.lab.ledger import Ledger, LedgerError
+    from infragent.ui.app import build_ui
+
+    if "://" in ledger and not ledger.startswith("sqlite:///"):
+        fail(f"--ledger {ledger}: only SQLite ledgers exist yet; pass a file path or sqlite:///PATH")
+        return
+    path = ledger_file(ledger.removeprefix("sqlite://"))
+    try:
+        Ledger.existing(path, readonly=True)
+    except LedgerError as err:
+        fail(str(err))
+        return
+    listener = socket.socket()
+    try:
+        listener.bind(("127.0.0.1", port))
+    except OSError as err:
+        fail(f"--port {port}: {err.strerror}; pick another port or 0 for any free one")
+        return
+    typer.echo(f"infragent ui: http://127.0.0.1:{listener.getsockname()[1]}/ (ledger {path})", err=True)
+    config = uvicorn.Config(build_ui(path, api_key), log_level="warning")
+    uvicorn.Server(config).run(sockets=[listener])

@@ -48,6 +48,7 @@ def bench(
     metric: str = typer.Option("time", "--metric", help="time: wall time per call; return: the callable "
                                "returns the work it did (e.g. a fixed-duration loop) and bench compares work per "
                                "second."),
+    html: Optional[str] = typer.Option(None, "--html", help="Also write the result as an HTML page with charts (offline)."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -62,7 +63,7 @@ def bench(
     except BenchError as err:
         fail(str(err))
         return
-    emit(feedback, as_json, verbose)
+    emit(feedback, as_json, verbose, html)
 
 
 @app.command()
@@ -123,6 +124,7 @@ def analyze(
                                 "cat:NAME or thread:NAME."),
     top: int = typer.Option(10, "--top", help="Rows in the top-N lists."),
     metric: str = typer.Option("wall", "--metric", help="What the end-to-end time is called in the diff (e.g. TTFT)."),
+    html: Optional[str] = typer.Option(None, "--html", help="Also write the result as an HTML page with charts (offline)."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -135,7 +137,7 @@ def analyze(
     except TraceFormatError as err:
         fail(str(err))
         return
-    emit(feedback, as_json, verbose)
+    emit(feedback, as_json, verbose, html)
 
 
 @app.command()
@@ -191,6 +193,7 @@ def loadgen(
     api_key: Optional[str] = typer.Option(None, "--api-key"),
     budget_s: float = typer.Option(600.0, "--budget-s", help="Most seconds for all repeats; past it nothing more "
                                                               "is sent and the finished requests are the answer."),
+    html: Optional[str] = typer.Option(None, "--html", help="Also write the result as an HTML page with charts (offline)."),
     as_json: bool = typer.Option(False, "--json"),
     verbose: bool = typer.Option(False, "--verbose", help="The whole result (every table and sample); by default a compact reply (at most 4 KB) that names the file holding the rest."),
 ) -> None:
@@ -215,4 +218,4 @@ def loadgen(
     except (DatasetError, ValueError, ConnectionError) as err:
         fail(str(err))
         return
-    emit(feedback, as_json, verbose)
+    emit(feedback, as_json, verbose, html)

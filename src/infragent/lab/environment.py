@@ -8,7 +8,7 @@ import subprocess
 from importlib import metadata
 from typing import Any
 
-from infragent.probes.machine import cpu_model
+from infragent.probes.machine import cpu_flags, cpu_model
 
 PACKAGES = ("infragent", "torch", "numpy", "scipy", "fastapi", "uvicorn", "transformers", "vllm", "sglang")
 
@@ -39,7 +39,7 @@ def capture() -> dict[str, Any]:
         torch_threads = None
     commit = (_git("rev-parse", "HEAD") or "").strip() or None
     diff = _git("diff", "HEAD")
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
+    return {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
             "platform": platform.platform(), "packages": versions, "torch_threads": torch_threads,
             "git_commit": commit, "git_dirty": bool(diff),
             "git_diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None}

@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS environments (
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, kind TEXT NOT NULL, spec_path TEXT, spec_hash TEXT, status TEXT NOT NULL,
     environment_id INTEGER REFERENCES environments(id), target_pgid INTEGER, created REAL NOT NULL,
-    updated REAL NOT NULL, note TEXT, candidate_pgid INTEGER);
+    updated REAL NOT NULL, note TEXT, candidate_pgid INTEGER, budget TEXT);
 CREATE TABLE IF NOT EXISTS experiments (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), name TEXT NOT NULL,
     knobs TEXT NOT NULL, created REAL NOT NULL, UNIQUE (run_id, name));
@@ -54,8 +54,17 @@ class LedgerError(RuntimeError):
 class Ledger:
     """One SQLite file; artifacts are copied under <ledger dir>/artifacts/<sha256>."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.artifact_root = self.path.parent / "artifacts"
+        if readonly:  # a reader beside a running loop (the dashboard): SQLite itself refuses every write
+            try:
+                self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30,
+                                          isolation_level=None, check_same_thread=False)
+                self.db.execute("SELECT COUNT(*) FROM runs").fetchone()
+            except sqlite3.DatabaseError as err:
+                raise LedgerError(f"{self.path}: not a usable ledger ({err})") from None
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # autocommit; explicit txns
@@ -65,9 +74,26 @@ class Ledger:
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
             if "candidate_pgid" not in columns:  # a ledger from before candidates were tracked
                 self.db.execute("ALTER TABLE runs ADD COLUMN candidate_pgid INTEGER")
+            if "budget" not in columns:  # a ledger from before budgets were recorded
+                self.db.execute("ALTER TABLE runs ADD COLUMN budget TEXT")
         except sqlite3.DatabaseError as err:
             raise LedgerError(f"{self.path}: not a usable ledger ({err})") from None
-        self.artifact_root = self.path.parent / "artifacts"
+
+    @classmethod
+    def existing(cls, path: str | Path, readonly: bool = False) -> "Ledger":
+        """A ledger that must already exist and hold a run (readers: report, ui); LedgerError says what is wrong."""
+        path = Path(path)
+        if not path.is_file():
+            raise LedgerError(f"{path}: no ledger here; `infragent optimize SPEC` or `infragent measure SPEC` "
+                              "writes one, or pass --ledger PATH")
+        ledger = cls(path, readonly)
+        try:
+            empty = ledger.db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+        except sqlite3.DatabaseError as err:
+            raise LedgerError(f"{path}: not a usable ledger ({err})") from None
+        if empty:
+            raise LedgerError(f"{path}: the ledger has no runs yet; `infragent optimize SPEC` records one")
+        return ledger
 
     def _write(self, sql: str, args: tuple) -> int:
         with self._transaction():
@@ -110,6 +136,11 @@ class Ledger:
                             (run_id, name, json.dumps(knobs, sort_keys=True), time.time()))
             return int(self.db.execute("SELECT id FROM experiments WHERE run_id = ? AND name = ?",
                                        (run_id, name)).fetchone()[0])
+
+    def experiment_knobs(self, run_id: int, name: str) -> dict[str, Any] | None:
+        """The knobs of the run's experiment by that name (None when it has none)."""
+        row = self.db.execute("SELECT knobs FROM experiments WHERE run_id = ? AND name = ?", (run_id, name)).fetchone()
+        return json.loads(row[0]) if row else None
 
     def record_probe(self, run_id: int, key: str, feedback: dict[str, Any], experiment_id: int | None = None,
                      artifacts: list[tuple[str, str]] = ()) -> int:

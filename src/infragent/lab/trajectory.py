@@ -4,6 +4,7 @@ how many probe runs it took to settle a hypothesis. Rendering is the caller's (s
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from infragent.lab.ledger import Ledger, charged
@@ -40,6 +41,20 @@ def decision(hypothesis: dict[str, Any], tested: list[dict[str, Any]]) -> str:
     if tested:
         return f"{len(tested)} candidates tested it; none accepted"
     return "open: its probe did not run" if status == "open" else "inconclusive: its probe could not decide"
+
+
+def best_of(trials: list[dict]) -> tuple[dict | None, list[str]]:
+    """The best feasible measured trial, and what limited the result."""
+    measured = [t for t in trials if t["status"] == "measured"]
+    feasible = [t for t in measured if t["feasible"]]
+    limits = []
+    if not measured:
+        limits.append("no proposal reached an end-to-end run (" + "; ".join(sorted({t.get("why", "") for t in trials}))
+                      + ")")
+    elif not feasible:
+        limits.append("every measured proposal failed a criterion")
+    best = max(feasible, key=lambda t: -math.inf if t["objective"] is None else t["objective"], default=None)
+    return best, limits
 
 
 def probes_until(ledger: Ledger, run_id: int, words: list[str]) -> tuple[int, dict[str, Any]] | None:

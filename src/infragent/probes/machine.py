@@ -78,6 +78,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's vector and matrix extensions (AVX2, AVX-512 and its VNNI/BF16 parts, AMX): what decides which
+    native path a kernel takes, and why two machines' numbers differ."""
+    try:
+        line = next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "f16c")))
+
+
 def machine_key(threads: int | None = None) -> dict[str, Any]:
     """Identity of the machine the peaks belong to: CPU model, core count, torch threads, torch version."""
     return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count() or 0,

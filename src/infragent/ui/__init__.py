@@ -1,0 +1,1 @@
+"""The live dashboard over the ledger: reads lab and report, nothing reads it."""
