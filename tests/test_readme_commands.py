@@ -239,7 +239,7 @@ def test_a_ratio_the_bench_does_not_trust_is_not_judged() -> None:
     the raw ratio; a criterion must not turn that untrusted number (1 pair: [69.1, 69.1]) into a FAIL."""
     bench = Feedback("bench", "inconclusive", "inconclusive: contended: other processes used 1.0 cores; ratio "
                      "69.107, not trusted", {"ratio": Measure(69.107, "x", 69.107, 69.107, 1)},
-                     details={"outcome": "contended"})
+                     details={"outcome": "contended", "ratio_trusted": False})
     judged = judge_kernel(Criterion(metric="time_ratio", max=8.0), {"bench": bench})
     grade_bench(bench, [judged], "time_ratio")
     assert judged.verdict == "inconclusive" and "not judged" in judged.message and bench.verdict == "inconclusive"

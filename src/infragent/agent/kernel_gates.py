@@ -97,7 +97,7 @@ def judge_kernel(criterion: Criterion, feedback: dict[str, Feedback]) -> Judgeme
                              message=f"{criterion.metric}: not measured ({why})")
         m = bench.numbers["ratio"]
         value, lo, hi = m.value, m.ci_low, m.ci_high
-        if bench.details.get("outcome") == "contended":  # the bench itself does not trust this interval
+        if bench.details.get("ratio_trusted") is False:  # the bench itself does not trust this interval
             return Judgement("", criterion.metric, "kernel", "all", "inconclusive", value, (lo, hi),
                              message=f"{criterion.metric} {value:.4g}: not judged, the bench does not trust it "
                                      f"({bench.finding[:240]})")

@@ -166,6 +166,7 @@ def ui(
     except OSError as err:
         fail(f"--port {port}: {err.strerror}; pick another port or 0 for any free one")
         return
+    listener.listen(128)  # connections wait in the backlog while the app starts, never refused
     typer.echo(f"infragent ui: http://127.0.0.1:{listener.getsockname()[1]}/ (ledger {path})", err=True)
     config = uvicorn.Config(build_ui(path, api_key), log_level="warning")
     uvicorn.Server(config).run(sockets=[listener])

@@ -376,6 +376,8 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
     if n == 0:
         return _no_pairs(result, a_name, b_name, aa, config, evidence, details, locality)
     ratio = result.ratio or paired_ratio(result.a_ns, result.b_ns, confidence=DECIDE_CONFIDENCE)
+    # measured on a busy machine without the A/A pairs to widen it by: a raw interval nobody should judge
+    details["ratio_trusted"] = not (result.contended and result.ratio is None)
     a_time, b_time = bootstrap_median(result.a_ns), bootstrap_median(result.b_ns)
     half_width = (ratio.hi - ratio.lo) / 2
     numbers = {
