@@ -103,7 +103,7 @@ def build_ledger(folder: Path, trials: int, records: int, trace_events: int = 20
     ledger.record_probe(run, "ladder/trace", {"probe": "analyze", "verdict": "pass", "finding": "top span mlp",
                                               "evidence": [{"path": path, "sha256": sha, "description": "the analyzed trace"}],
                                               "details": {"cost_s": 3.0}}, artifacts=[(path, "the analyzed trace")])
-    tools_per_trial = max((records - 1 - 5 * trials) // trials, 0)
+    tools_per_trial = max(-(-(records - 1 - 5 * trials) // trials), 0)  # at least `records` in all
     for trial in range(trials):
         speed = rng.uniform(0.7, 1.6)
         feasible = speed > 1.0
