@@ -16,19 +16,25 @@ from infragent.probes.step_bench import (MAX_ROUNDS, MIN_ROUNDS, STEP_MIN_FLOOR,
 
 class TimedChild:
     """A stand-in for a step worker's child: each unit takes `speed` x 100 ms of prefill and 8 decode steps of
-    `speed` x 50 ms, with `noise` (relative, Gaussian) per unit."""
+    `speed` x 50 ms, with `noise` (relative, Gaussian) per unit; on a `busy` machine each phase's wall time
+    also carries a run-queue wait of up to busy x its own time (uniform), reported as that phase's wait."""
 
-    def __init__(self, name: str, speed: float, noise: float, seed: int) -> None:
-        self.name, self.speed, self.noise = name, speed, noise
+    def __init__(self, name: str, speed: float, noise: float, seed: int, busy: float = 0.0) -> None:
+        self.name, self.speed, self.noise, self.busy = name, speed, noise, busy
         self.rng = random.Random(seed)
         self.units: dict[str, int] = {}
         self.ran = 0
+        self.wall_ns = self.wait_ns = 0
 
     def run(self, unit: Unit) -> dict:
         self.ran += 1
         scale = self.speed * math.exp(self.rng.gauss(0.0, self.noise))
-        return {"prefill_ns": int(100e6 * scale), "decode_ns": int(8 * 50e6 * scale), "decode_steps": 8,
-                "tokens": [[1] * unit.max_tokens for _ in unit.prompts]}
+        answer = {"decode_steps": 8, "tokens": [[1] * unit.max_tokens for _ in unit.prompts]}
+        for phase, own in (("prefill", 100e6 * scale), ("decode", 8 * 50e6 * scale)):
+            wait = own * self.rng.uniform(0.0, self.busy)
+            answer |= {f"{phase}_ns": int(own + wait), f"{phase}_wait_ns": int(wait)}
+            self.wall_ns, self.wait_ns = self.wall_ns + int(own + wait), self.wait_ns + int(wait)
+        return answer
 
     def warm(self, unit: Unit) -> None:
         while self.units.get(unit.shape, 0) < WARMUP_UNITS:
@@ -106,3 +112,19 @@ def test_the_aa_stops_once_its_floor_is_below_the_margin_and_resumes_for_a_small
     assert wide.numbers["aa_ratio"].n == MIN_ROUNDS
     narrow = step_floor(base, twin, UNIT, margin=0.01, logs=wide.details["log_ratios"])  # type: ignore[arg-type]
     assert narrow.numbers["aa_ratio"].n == MAX_ROUNDS and twin.ran == WARMUP_UNITS + MAX_ROUNDS
+
+
+def test_a_busy_machines_run_queue_waits_are_taken_out_of_both_sides() -> None:
+    """Waits of up to 3x a step's own time (another process holding the CPU) would swamp a 20% win in wall
+    time; the bench times each phase less its wait, finds the win, and says the machine was busy."""
+    def run(busy: float) -> dict:
+        baseline = TimedChild("baseline", 1.0, 0.02, seed=5, busy=busy)
+        candidate = TimedChild("candidate", 0.8, 0.02, seed=6, busy=busy)
+        feedback = step_bench(baseline, candidate, Unit([[1] * 32] * 2, 8))  # type: ignore[arg-type]
+        return {"verdict": feedback.verdict, "ratio": feedback.numbers["total_ratio"].value,
+                "wait_share": feedback.details["wait_share"], "finding": feedback.finding}
+
+    quiet, busy = run(0.0), run(3.0)
+    assert quiet["verdict"] == busy["verdict"] == "pass"
+    assert abs(busy["ratio"] - 0.8) < 0.05 and quiet["wait_share"] == 0.0 and busy["wait_share"] > 0.4
+    assert "busy machine" in busy["finding"] and "busy machine" not in quiet["finding"]

@@ -43,3 +43,29 @@ def test_a_dead_child_is_seen_dead_with_its_stderr(tmp_path: Path) -> None:
     broken = StepWorker(None, {**CONFIG, "no_such_field": 1}, "broken")
     with pytest.raises(StepBenchError, match="no_such_field"):
         broken.ready()
+
+
+def test_a_child_reports_the_run_queue_wait_another_process_adds(tmp_path: Path) -> None:
+    """With a spinning process pinned to the child's one CPU, the scheduler splits that CPU: the child's
+    steps spend a large share of their wall time runnable but waiting, and it says so per phase."""
+    import subprocess
+    import sys
+
+    worker = StepWorker(None, CONFIG, "pinned").ready()
+    cpu = {sorted(os.sched_getaffinity(0))[0]}
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(worker.proc.pid, cpu)
+        os.sched_setaffinity(hog.pid, cpu)
+        worker.warm(UNIT)
+        answers = [worker.run(UNIT) for _ in range(3)]
+    finally:
+        hog.kill()
+        hog.wait()
+        worker.close()
+    for answer in answers:
+        for phase in ("prefill", "decode"):
+            assert 0 <= answer[f"{phase}_wait_ns"] <= answer[f"{phase}_ns"]
+    wall = sum(a["prefill_ns"] + a["decode_ns"] for a in answers)
+    waited = sum(a["prefill_wait_ns"] + a["decode_wait_ns"] for a in answers)
+    assert waited / wall > 0.25, (waited, wall)

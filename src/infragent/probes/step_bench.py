@@ -2,7 +2,9 @@
 candidate, each engine built from its own copy of the code (a worktree's src/) in its own child
 (probes/step_worker.py). The children take turns, one unit at a time in alternating order, so drift on the
 machine falls on both; the verdict comes from the per-round log ratios (candidate/baseline), judged over
-rounds with a t interval against an A/A floor, like the local A/B's blocks. Seconds, not minutes: a patch
+rounds with a t interval against an A/A floor, like the local A/B's blocks. Each step is timed less the
+run-queue wait within it (the child's schedstat), so a busy machine adds its waits to neither side. Seconds,
+not minutes: a patch
 that makes the engine slower or changes its greedy tokens is refuted before any server starts.
 
 A step win is strict, because a patch with one goes on to an end-to-end run that only guards against
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infragent.analysis.blocks import BlockEstimate, block_estimate, could_win_by
+from infragent.probes.contention import WAIT_SHARE
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.step_child import start_child
 
@@ -68,6 +71,7 @@ class StepWorker:
         self.code = ""
         self.units: dict[str, int] = {}  # units run, per shape (the warm-up a shape still needs)
         self.tokens_of: dict[str, list[list[int]]] = {}  # greedy tokens per unit: one engine's are fixed
+        self.wall_ns = self.wait_ns = 0  # over every unit run: wall time, and the run-queue wait within it
 
     def ready(self) -> "StepWorker":
         """Wait until the child has built its engine (start several first, then wait: they load in parallel)."""
@@ -82,8 +86,11 @@ class StepWorker:
     def run(self, unit: Unit, trace: Path | None = None) -> dict[str, Any]:
         """Run one unit (under the tracer, saved at trace, when given); its timings and tokens."""
         self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
-        return self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
-                          **({"trace": str(trace)} if trace else {})})
+        answer = self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
+                            **({"trace": str(trace)} if trace else {})})
+        self.wall_ns += answer["prefill_ns"] + answer["decode_ns"]
+        self.wait_ns += answer.get("prefill_wait_ns", 0) + answer.get("decode_wait_ns", 0)
+        return answer
 
     def tokens(self, unit: Unit) -> list[list[int]]:
         """The unit's greedy tokens on this engine (run once; the same engine gives the same tokens)."""
@@ -187,11 +194,19 @@ def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds:
         first, second = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
         ran = {first.name: first.run(unit), second.name: second.run(unit)}
         b, c = ran[baseline.name], ran[candidate.name]
-        logs["total"].append(math.log((c["prefill_ns"] + c["decode_ns"]) / (b["prefill_ns"] + b["decode_ns"])))
-        logs["prefill"].append(math.log(max(c["prefill_ns"], 1) / max(b["prefill_ns"], 1)))
-        per_step = [max(x["decode_ns"], 1) / max(x["decode_steps"], 1) for x in (b, c)]
+        logs["total"].append(math.log(max(own_ns(c, "prefill") + own_ns(c, "decode"), 1)
+                                      / max(own_ns(b, "prefill") + own_ns(b, "decode"), 1)))
+        logs["prefill"].append(math.log(own_ns(c, "prefill") / own_ns(b, "prefill")))
+        per_step = [own_ns(x, "decode") / max(x["decode_steps"], 1) for x in (b, c)]
         logs["decode"].append(math.log(per_step[1] / per_step[0]))
     return logs
+
+
+def own_ns(answer: dict[str, Any], phase: str) -> int:
+    """A phase's wall time less the run-queue wait within it (at least 1): what the step took, not what other
+    processes holding the CPU added. On a quiet machine the wait is ~0 and this is the wall time; on a busy
+    one the wait is most of the noise (2 hogs on 2 cores: A/A round spread 0.41 of wall, 0.09 of this)."""
+    return max(answer[f"{phase}_ns"] - answer.get(f"{phase}_wait_ns", 0), 1)
 
 
 def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: float = STEP_MIN_FLOOR,
@@ -200,7 +215,7 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     the rounds stop as soon as a win is shown or out of reach. aa(margin): the A/A floor, measured as far as
     it takes to tell whether it lies below margin (log); a win at `floor` is held against it, and the rounds
     go on against the A/A's floor where that is higher."""
-    started = time.monotonic()
+    started, queued = time.monotonic(), QueueWait(baseline, candidate)
     logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     while True:
         def decided(logs: dict[str, list[float]], floor: float = floor) -> bool:
@@ -226,12 +241,33 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     finding = (f"engine steps candidate/baseline: {phases} over {ran} alternating rounds "
                f"({len(unit.prompts)} prompts, {unit.max_tokens} tokens each; {CONFIDENCE:.0%} CI per look); a win "
                f"needs total x<{math.exp(-floor):.3f}: " + {"win": "a real win", "loss": "a real loss",
-                                                             "inconclusive": "inconclusive"}[outcome])
+                                                             "inconclusive": "inconclusive"}[outcome]
+               + queued.said())
     verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
     return Feedback("step_bench", verdict, finding, numbers,
                     locality={"slower_phase": max(estimates, key=lambda p: estimates[p].ratio)},
-                    details={"outcome": outcome, "log_ratios": logs, "rounds": ran,
+                    details={"outcome": outcome, "log_ratios": logs, "rounds": ran, "wait_share": queued.share(),
                              "seconds": round(time.monotonic() - started, 2)})
+
+
+class QueueWait:
+    """The share of the workers' wall time, from now on, that their engine threads spent waiting for a CPU."""
+
+    def __init__(self, *workers: StepWorker) -> None:
+        self.workers = workers
+        self.start = [(w.wall_ns, w.wait_ns) for w in workers]
+
+    def share(self) -> float:
+        """Run-queue wait over wall time since construction (0.0 before any unit)."""
+        wall = sum(w.wall_ns - s[0] for w, s in zip(self.workers, self.start))
+        wait = sum(w.wait_ns - s[1] for w, s in zip(self.workers, self.start))
+        return wait / wall if wall > 0 else 0.0
+
+    def said(self) -> str:
+        """A clause for a finding where the wait was large enough to matter ('' otherwise)."""
+        share = self.share()
+        return (f" (busy machine: the engines waited for a CPU {share:.0%} of their wall time; times are taken"
+                f" less that wait)" if share > WAIT_SHARE else "")
 
 
 def step_verdict(estimate: BlockEstimate, floor: float) -> str:
@@ -263,16 +299,17 @@ def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float
     def settled(logs: dict[str, list[float]]) -> bool:
         return step_aa_floor(block_estimate(logs["total"], CONFIDENCE)) < margin
 
+    queued = QueueWait(baseline, twin)
     logs = step_rounds(baseline, twin, unit, MAX_ROUNDS, settled, logs)
     rounds = len(logs["total"])
     estimate = block_estimate(logs["total"], AA_CONFIDENCE)
     floor = step_aa_floor(estimate)
     return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
                     f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} rounds; a step win needs "
-                    f"x<{math.exp(-floor):.3f}", numbers={"aa_floor": Measure(floor, "log"),
+                    f"x<{math.exp(-floor):.3f}" + queued.said(), numbers={"aa_floor": Measure(floor, "log"),
                                                          "aa_ratio": Measure(estimate.ratio, "x", estimate.lo,
                                                                              estimate.hi, rounds)},
-                    details={"log_ratios": logs})
+                    details={"log_ratios": logs, "wait_share": queued.share()})
 
 
 def trace_engine_code(worker: StepWorker, unit: Unit, path: Path) -> Feedback:

@@ -6,8 +6,9 @@ process's PYTHONPATH (a candidate's worktree or the baseline's), running units o
 First line in: {"config": {EngineConfig fields, "hybrid": {...}}}; answer {"ready": true, "code": FOLDER}.
 Then per line in: {"prompts": [[token ids], ...], "max_tokens": N} (and "trace": PATH to run it under the
 tracer); the batch runs to completion, greedy, and the answer is {"prefill_ns", "decode_ns",
-"decode_steps", "tokens"} (and "trace") — steps that ran while some request had no token yet count as
-prefill, the rest as decode.
+"prefill_wait_ns", "decode_wait_ns", "decode_steps", "tokens"} (and "trace") — steps that ran while some
+request had no token yet count as prefill, the rest as decode; a phase's wait is the part of its wall time
+the engine's thread spent runnable but off the CPU (another process had it).
 
 gil_workload is the same engine and unit as a workload for the gil probe (a proposer's `gil` tool).
 """
@@ -69,18 +70,26 @@ def _run(engine, unit: dict, sampling) -> dict:  # noqa: ANN001 (the engine and 
     """One unit to completion: prefill and decode time, decode steps, and every request's tokens."""
     params = sampling(max_tokens=unit["max_tokens"], temperature=0.0, ignore_eos=True)
     seqs = [engine.add_request(ids, params) for ids in unit["prompts"]]
-    prefill = decode = steps = 0
+    spent = {"prefill_ns": 0, "decode_ns": 0, "prefill_wait_ns": 0, "decode_wait_ns": 0}
+    steps = 0
     while engine.has_unfinished():
-        decoding = all(s.output_token_ids for s in seqs)
-        started = time.perf_counter_ns()
+        phase = "decode" if all(s.output_token_ids for s in seqs) else "prefill"
+        waited, started = run_queue_wait_ns(), time.perf_counter_ns()
         engine.step()
-        spent = time.perf_counter_ns() - started
-        if decoding:
-            decode, steps = decode + spent, steps + 1
-        else:
-            prefill += spent
-    return {"prefill_ns": prefill, "decode_ns": decode, "decode_steps": steps,
-            "tokens": [list(s.output_token_ids) for s in seqs]}
+        spent[f"{phase}_ns"] += time.perf_counter_ns() - started
+        spent[f"{phase}_wait_ns"] += run_queue_wait_ns() - waited
+        steps += phase == "decode"
+    return {**spent, "decode_steps": steps, "tokens": [list(s.output_token_ids) for s in seqs]}
+
+
+def run_queue_wait_ns() -> int:
+    """ns this thread has spent runnable but waiting for a CPU (schedstat's second field; 0 where the kernel
+    keeps none): the part of a step's wall time that another process, not the step, decided."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _say(message: dict) -> None:
