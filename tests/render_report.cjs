@@ -1,6 +1,6 @@
 // Open an infragent page in headless Chromium (Playwright, Debian's chromium binary) and print what a reader
-// sees as JSON: the headline's criteria, every chart's series, the trials table before and after a sort, the
-// trace link, the load time. node tests/render_report.cjs URL CHROMIUM_PATH [SCREENSHOT.png]
+// sees as JSON: the headline's criteria, every chart's series, the trials table before and after a sort, where
+// each trial's link lands, the trace link, the load time. node tests/render_report.cjs URL CHROMIUM_PATH [SCREENSHOT.png]
 const { chromium } = require('playwright-core');
 
 (async () => {
@@ -41,6 +41,12 @@ const { chromium } = require('playwright-core');
                ticks: svg.querySelectorAll('.tick').length };
     }),
     trialsBefore: [...document.querySelectorAll('table.trials tbody tr')].map((r) => r.children[0].textContent),
+    trialRecords: [...document.querySelectorAll('table.trials tbody tr')].map((r) => {
+      const link = r.children[0].querySelector('a');
+      const target = link && document.getElementById(decodeURIComponent(link.getAttribute('href').slice(1)));
+      const row = target && target.closest('tr');
+      return [r.children[0].textContent, row ? row.children[0].textContent : null];
+    }),
     traceHref: (document.querySelector('a.trace-file') || {}).href || null,
     perfettoButton: !!document.querySelector('button.perfetto'),
     spans: document.querySelectorAll('svg.timeline rect.span').length,

@@ -1,6 +1,7 @@
 """The case-study packs under the kernel loop: the ladder names the true cause within 5 probe runs with every
 cited number in the ledger; code proposers patch a copy of a pack in a git worktree, the gates reject a
-regression and accept a fix, and nothing outside the worktree changes."""
+regression and accept a fix (each candidate's check, bench and roofline evidence in the report), and nothing
+outside the worktree changes."""
 from __future__ import annotations
 
 import hashlib
@@ -18,6 +19,8 @@ from infragent.agent.llm_proposer import LLMProposer
 from infragent.lab.trajectory import probes_until
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import PACKS, load_spec
+from infragent.report.data import run_report
+from infragent.report.run_page import evidence_html
 from scripted_llm import ScriptedLLM
 
 
@@ -101,18 +104,33 @@ def test_llm_proposer_patch_rejected_on_regression_and_accepted_when_correct(tmp
                            log=lambda line: None)
         gates_said = [m["content"] for m in llm.requests[-1]["messages"] if m["role"] == "tool"][-1]
     first, second = outcome.trials[:2]
-    assert first["status"] == "measured" and not first["feasible"] and "time_ratio" in first["why"]
-    assert second["feasible"] and second["objective"] > 1.5, second
-    assert "[check] PASS" in gates_said and "time_ratio" in gates_said
-    assert outcome.best["trial"] == 1 and Path(second["exported"]).read_text() == second["patch"]
-    assert "+    g = gate(g_raw, a_log, dt_bias)" in second["patch"]
-    assert fingerprint(pack) == before  # the user's copy is untouched
     records = {r["key"]: r["feedback"] for r in ledger.probe_results(outcome.run_id)}
+    assert first["status"] == "measured" and not first["feasible"] and "time_ratio" in first["why"]
+    assert "[check] PASS" in gates_said and "time_ratio" in gates_said
+    assert "+    g = gate(g_raw, a_log, dt_bias)" in second["patch"]
+    if too_busy_to_time(records["trial/1/bench"]):  # no verdict on a busy machine, and none claimed
+        assert not second["feasible"] and outcome.best is None, second
+    else:
+        assert second["feasible"] and second["objective"] > 1.5, second
+        assert outcome.best["trial"] == 1 and Path(second["exported"]).read_text() == second["patch"]
+    assert fingerprint(pack) == before  # the user's copy is untouched
     assert records["trial/1/proposal"]["details"]["transcript"][0]["role"] == "system"
-    # the exported patch applies to a fresh copy and the fixed kernel is correct there
+    # each candidate's gates leave roofline evidence (uncharged): the wider pad does more redundant work
+    redundant = [records[f"trial/{n}/roofline"]["numbers"]["redundant_flop_fraction"]["value"] for n in (0, 1)]
+    assert redundant[0] > redundant[1] and records["trial/1/roofline"]["details"]["charged"] is False, redundant
+    report = run_report(ledger, outcome.run_id)
+    assert all({"check", "bench", "roofline"} <= {g["probe"] for g in t["gates"]} for t in report.trials[:2])
+    assert '<span class="add">+    g = gate(g_raw, a_log, dt_bias)</span>' in evidence_html(report)
+    # the patch applies to a fresh copy and the fixed kernel is correct there
     fresh = pack_copy("kda-decode-padding", tmp_path / "fresh")
-    subprocess.run(["git", "apply", second["exported"]], cwd=fresh, check=True)
+    subprocess.run(["git", "apply", "-"], input=second["patch"], text=True, cwd=fresh, check=True)
     assert "kda_decode_step(qn, kn, v, g, beta, state, normalize_qk=False)" in (fresh / "kernel.py").read_text()
+
+
+def too_busy_to_time(bench: dict) -> bool:
+    """Whether a bench gate withheld its ratio because the machine was too busy to time it: on a saturated
+    machine that is the honest answer to "is it faster?", and the suite must pass there too."""
+    return bench["verdict"] == "inconclusive" and "contended" in bench["finding"]
 
 
 COMMAND = '''import json, pathlib, sys

@@ -214,6 +214,7 @@ def test_the_optimize_report_in_a_browser(optimized):
         assert all(s["marks"] > 0 for name, s in c["series"].items() if name in ("baseline", "best")), c
         assert c["xLabel"] and c["yLabel"] and c["ticks"] >= 4, c  # labelled axes with ticks, not min/max only
     assert len(seen["trialsBefore"]) >= 2
+    assert all(key and key.startswith(f"trial/{n}/") for n, key in seen["trialRecords"]), seen["trialRecords"]
     ascending = [v for _, v in seen["sortedAscending"]]
     descending = [v for _, v in seen["sortedDescending"]]
     assert ascending == sorted(ascending) and descending == sorted(descending, reverse=True)
@@ -221,6 +222,16 @@ def test_the_optimize_report_in_a_browser(optimized):
     trace_file = Path(unquote(urlparse(seen["traceHref"]).path))
     assert trace_file.is_file() and trace_file.parent.parent == optimized["ledger"].parent / "artifacts"
     assert seen["hypotheses"] >= 1 and seen["probes"] >= 5
+
+
+@needs_browser
+def test_the_perfetto_button_hands_over_the_saved_trace_and_uploads_nothing(measured):
+    seen = node("open_in_perfetto.cjs", measured["report"].as_uri(), timeout=120)
+    assert not seen["errors"] and seen["popupUrl"].startswith("https://ui.perfetto.dev"), seen
+    assert seen["received"]["bytes"] == measured["trace"].stat().st_size and seen["received"]["head"].startswith("{")
+    assert seen["received"]["fileName"] == measured["trace"].name + ".json"
+    assert all(r["method"] == "GET" and r["bodyBytes"] == 0 for r in seen["requests"]), seen["requests"]
+    assert {urlparse(r["url"]).scheme for r in seen["requests"]} <= {"file", "https"}
 
 
 @needs_browser

@@ -1,5 +1,6 @@
 """The gates one kernel proposal passes, run in a child process (its own timeout and memory limit):
 check against the reference → bench against the baseline (and the reference, when a criterion asks) →
+roofline against the reference (evidence only: what work the candidate does, how near the machine's peak) →
 every kernel criterion judged. The reference, the inputs and the baseline come from the baseline's copy of
 the code, so a patch cannot move the goalposts; only the candidate comes from the proposal's folder.
 
@@ -22,8 +23,10 @@ from infragent.lab.spec import Criterion, Spec, load_spec
 from infragent.probes.bench import DECIDE_CONFIDENCE, run_bench
 from infragent.probes.check import run_check
 from infragent.probes.feedback import Feedback
+from infragent.probes.roofline import run_roofline
 
 BENCH_BUDGET_S = 3.0
+ROOFLINE_BUDGET_S = 0.5  # evidence for the report (work against the reference, share of peak), not a verdict
 BENCH_CRITERIA = {"bench": "time_ratio", "bench_reference": "reference_time_ratio"}  # gate -> the metric it measures
 GATE_OF = {"rel_error": "check", **{metric: gate for gate, metric in BENCH_CRITERIA.items()}}
 
@@ -48,6 +51,8 @@ def run_gates(spec: Spec, root: Path, baseline_root: Path, knobs: dict, baseline
         if any(c.metric == "reference_time_ratio" for c in spec.criteria):
             gate("bench_reference", lambda: run_bench(candidate, base.reference, base.bench_inputs,
                                                       budget_s=BENCH_BUDGET_S, names=("candidate", "reference")))
+        gate("roofline", lambda: run_roofline(candidate, base.bench_inputs, base.reference, quick_peaks=True,
+                                              budget_s=ROOFLINE_BUDGET_S))
     judgements = [judge_kernel(c, feedback) for c in spec.criteria]
     for name, metric in BENCH_CRITERIA.items():
         if name in feedback:

@@ -89,8 +89,8 @@ class KernelTarget:
         out = ctx.artifact_home("gates") / f"run-{ctx.run_id}-{candidate.number}.json"
         started = time.monotonic()
         gates = self._run_gates(root, baseline, out, candidate.knobs)
-        for name, fb in gates["feedback"].items():
-            ctx.record(f"{candidate.key}/{name}", fb, candidate.experiment, started)
+        for name, fb in gates["feedback"].items():  # the roofline is the report's evidence, not a decision: uncharged
+            ctx.record(f"{candidate.key}/{name}", fb, candidate.experiment, started, charge=name != "roofline")
             started = time.monotonic()
         check = gates["feedback"]["check"]
         if check["verdict"] != "pass":

@@ -14,6 +14,7 @@ from typing import Any
 from infragent.lab.ledger import Ledger, charged
 from infragent.lab.spec import Scenario, Spec, SpecError, load_spec
 from infragent.lab.trajectory import best_of, chains
+from infragent.probes.contention import WAIT_SHARE
 from infragent.report.serving_views import (add_cdf_samples, loadgen_result, operating_point, pareto_front,
                                             stored_artifact)
 from infragent.report.trace_view import TraceView, trace_view
@@ -239,7 +240,7 @@ def _contended(feedback: dict[str, Any]) -> bool:
     details = feedback.get("details", {})
     contention = details.get("contention")
     return bool((isinstance(contention, dict) and contention.get("contended")) or details.get("contended")
-                or "contended" in feedback.get("finding", ""))
+                or (details.get("wait_share") or 0.0) > WAIT_SHARE or "contended" in feedback.get("finding", ""))
 
 
 def _probe_row(ledger: Ledger, r: dict[str, Any]) -> dict[str, Any]:

@@ -105,8 +105,10 @@ def headline_html(r: RunReport) -> str:
 def trials_html(r: RunReport) -> str:
     """One sortable row per trial: the change, each gate's verdict and cost, the objective, the outcome."""
     if not r.trials:
-        return '<p class="muted">no trials: this run measured the baseline only</p>'
+        return ('<p class="muted">no trial has finished yet</p>' if r.run["status"] == "running" else
+                '<p class="muted">no trials: this run measured the baseline only</p>')
     best = r.headline.best["trial"] if r.headline.best else None
+    recorded = {p["key"].split("/")[1] for p in r.probes if p["key"].startswith("trial/")}
     rows = []
     for t in r.trials:
         change = t["patch_summary"] or ", ".join(f"{k}={v}" for k, v in t["knobs"].items()) or "-"
@@ -116,12 +118,14 @@ def trials_html(r: RunReport) -> str:
         objective = fmt(t["objective"]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci and ci[0] is not None else "")
         outcome = "accepted" if t["accepted"] else t["status"]
         cls = " ".join(c for c in ("accepted" if t["accepted"] else "", "best-row" if t["trial"] == best else "") if c)
-        rows.append(f'<tr id="trial-{t["trial"]}" class="{cls}"><td class="num" data-value="{t["trial"]}">'
-                    f'{t["trial"]}</td><td>{e(t["proposer"])}</td><td>{e(change)}</td><td>{e(t["hypothesis"] or "-")}'
+        number = (f'<a href="#records-trial-{t["trial"]}" title="its probe records">{t["trial"]}</a>'
+                  if str(t["trial"]) in recorded else str(t["trial"]))
+        rows.append(f'<tr id="trial-{t["trial"]}" class="{cls}"><td class="num" data-value="{t["trial"]}">{number}'
+                    f'</td><td>{e(t["proposer"])}</td><td>{e(change)}</td><td>{e(t["hypothesis"] or "-")}'
                     f'</td><td>{gates}</td><td class="num" data-value="{t["objective"] if t["objective"] is not None else -1e300}">'
                     f'{objective}</td><td class="num" data-value="{t["cost_s"]:.3f}">{t["cost_s"]:.0f}</td>'
                     f'<td>{e(outcome)}</td><td>{e(t["why"][:400])}</td></tr>')
-    return ('<p class="muted">click a column to sort; a gate links to its probe record</p>'
+    return ('<p class="muted">click a column to sort; a trial links to its probe records, a gate to its own</p>'
             + table(["trial", "proposer", "change", "hypothesis", "gates", "objective [CI]", "cost s", "outcome", "why"],
                     rows, sortable=True, css="trials"))
 
@@ -269,12 +273,15 @@ def _evidence_href(ev: dict[str, Any], served: bool) -> str:
 
 def probes_html(r: RunReport, served: bool = False) -> str:
     """Every probe record: key, probe, verdict, cost, contention, finding, evidence files."""
-    rows = []
+    rows, anchored = [], set()
     for p in r.probes:
+        trial = p["key"].split("/")[1] if p["key"].startswith("trial/") else None
+        anchor = f'<a id="records-trial-{e(trial)}"></a>' if trial is not None and trial not in anchored else ""
+        anchored.add(trial)
         files = " ".join(f'<a href="{e(_evidence_href(ev, served))}">{e(ev["description"] or "file")}</a>'
                          for ev in p["evidence"] if ev["path"])
         rows.append(f'<tr id="probe-{e(p["key"])}" class="verdict-{e(p["verdict"])}"><td>{e(p["key"])}</td>'
-                    f'<td>{e(p["probe"])}</td><td class="v">{e(p["verdict"].upper())}</td>'
+                    f'<td>{e(p["probe"])}{anchor}</td><td class="v">{e(p["verdict"].upper())}</td>'
                     f'<td class="num">{fmt(p["cost_s"], 3)}</td><td>{"busy" if p["contended"] else ""}</td>'
                     f'<td>{e(p["finding"][:800])}</td><td>{files}</td></tr>')
     return (f"<details open><summary>{len(rows)} records</summary>"
