@@ -1,4 +1,5 @@
-"""Engine throughput benchmark: infragent vs transformers vs llama.cpp on SmolLM2-135M, plus the roofline.
+"""Engine throughput benchmark: infragent (weights fp32, as the file's gguf blocks, gguf held to AVX2, int8)
+vs transformers vs llama.cpp on SmolLM2-135M, plus the roofline.
 
 Each engine runs in its own fresh subprocess per round (rounds interleave engines), so peak RSS is
 per engine. Usage:
@@ -25,8 +26,8 @@ sys.path.insert(0, str(HERE))
 from bench_prompts import encode_corpus, make_windows, round_spec  # noqa: E402
 from throughput_report import format_report, summarize  # noqa: E402
 
-ENGINES = ("infragent", "transformers", "llamacpp")
-IMPORT_NAME = {"infragent": "infragent", "transformers": "transformers", "llamacpp": "llama_cpp"}
+ENGINES = ("infragent", "infragent-gguf", "infragent-gguf-avx2", "infragent-int8", "transformers", "llamacpp")
+IMPORT_NAME = {"transformers": "transformers", "llamacpp": "llama_cpp"}  # the rest: infragent
 CONCURRENCY = {"c1": 1, "c8": 8, "c32": 32}
 
 
@@ -67,7 +68,7 @@ def environment(threads: int) -> dict:
 
 def available(engine: str) -> bool:
     """Whether the engine's Python package can be imported here (without importing it)."""
-    return importlib.util.find_spec(IMPORT_NAME[engine]) is not None
+    return importlib.util.find_spec(IMPORT_NAME.get(engine, "infragent")) is not None
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -122,7 +123,7 @@ def main() -> None:
         else:
             extra = {"transformers": "pip install 'infragent[compare]'",
                      "llamacpp": "pip install 'infragent[llamacpp]'"}.get(name, "")
-            skipped[name] = f"{IMPORT_NAME[name]} is not importable; skipped ({extra})"
+            skipped[name] = f"{IMPORT_NAME.get(name, 'infragent')} is not importable; skipped ({extra})"
             print(f"note: {skipped[name]}", flush=True)
     gguf_path = str(default_gguf_path())
     stream, tokenizer_used = encode_corpus(gguf_path)

@@ -20,14 +20,20 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_infragent(spec: dict) -> dict:
-    """Time infragent's LLM.generate on every workload."""
+def run_infragent(spec: dict, weight_format: str = "fp32") -> dict:
+    """Time infragent's LLM.generate on every workload, its weights held in weight_format."""
     from infragent.engine.llm import LLM
     from infragent.engine.sampling import SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model="llama", max_num_seqs=32, max_num_batched_tokens=512, num_threads=spec["threads"])
-    result: dict = {"load_s": time.perf_counter() - start, "weight_nbytes": llm.engine.model.nbytes()}
+    llm = LLM(model="llama", max_num_seqs=32, max_num_batched_tokens=512, num_threads=spec["threads"],
+              weight_format=weight_format)
+    result: dict = {"load_s": time.perf_counter() - start, "weight_nbytes": llm.engine.model.nbytes(),
+                    "weight_format": weight_format}
+    if weight_format != "fp32":
+        import torch
+
+        result["isa"] = torch.ops.infragent.qgemm_isa() if llm.engine.model.block_kernels else "torch"
     llm.generate(spec["warmup"], SamplingParams(max_tokens=8, ignore_eos=True))
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
     samples, cached = {}, 0
@@ -136,13 +142,17 @@ def run_llamacpp(spec: dict) -> dict:
     return result
 
 
-RUNNERS = {"infragent": run_infragent, "transformers": run_transformers, "llamacpp": run_llamacpp}
+RUNNERS = {"infragent": run_infragent, "infragent-gguf": lambda spec: run_infragent(spec, "gguf"),
+           "infragent-int8": lambda spec: run_infragent(spec, "int8"),
+           "transformers": run_transformers, "llamacpp": run_llamacpp}
 
 
 def main() -> None:
     """Run one engine per the spec file and write its result (or its error) as JSON."""
     engine, spec_path, out_path = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     spec = json.loads(spec_path.read_text())
+    if engine.endswith("-avx2"):  # the same engine with its kernels held to AVX2 (on an AVX-512 machine)
+        os.environ["INFRAGENT_ISA"], engine = "avx2", engine.removesuffix("-avx2")
     os.environ.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
     try:
         result = RUNNERS[engine](spec)

@@ -26,7 +26,8 @@ ATTENTION_LAYERS = HybridConfig(**TINY_HYBRID).layer_kinds().count("attention")
 
 # One launch each; together they give every knob a non-default value. They are split where EngineConfig
 # forbids a combination: tp and pp exclude each other and speculative, quantization, kv_transfer and a
-# non-torch gemm; quantization needs gemm torch; a quantized KV dtype needs the paged layout.
+# non-torch gemm; quantization needs gemm torch; a quantized KV dtype needs the paged layout; a weight format
+# other than fp32 excludes all of these.
 LAUNCHES = {
     "tensor-parallel": {"tensor_parallel_size": 2, "tp_partial_precision": "reduced", "dtype": "bfloat16",
                         "kernels": "torch", "enable_prefix_caching": False, "block_size": 32, "max_num_seqs": 4,
@@ -39,6 +40,7 @@ LAUNCHES = {
                     "gemm": "blas", "kv_cache_dtypes": ["int8"] * ATTENTION_LAYERS, "kda_decode_impl": "reference",
                     "kda_bv_tile": 16, "kda_head_split": 2},
     "quantized": {"quantization": "w8a8", "smoothquant_alpha": 0.5, "kv_cache_dtype": "int8"},
+    "int8-weights": {"weight_format": "int8"},  # gguf needs the real model's file: tests/test_weight_format.py
 }
 
 

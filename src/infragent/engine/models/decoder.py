@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.kda_layer import KDA
-from infragent.engine.models.layers import Attention, GatedMLP, Linear, Rotary, rms_norm
+from infragent.engine.models.layers import Attention, GatedMLP, Rotary, Weight, linear, rms_norm
+from infragent.engine.quant.blocks import BlockLinear, BlockWeight
 from infragent.engine.models.shape import ModelShape
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
@@ -23,14 +24,17 @@ class DecoderModel:
         model's (transposed, fused) copy are never both whole in memory."""
         self.shape = shape
 
-        def take(name: str) -> torch.Tensor:
+        def take(name: str) -> Weight:
             t = weights.pop(name) if consume else weights[name]
-            keep = not t.is_floating_point() or name.split(".")[-1] in ("A_log", "dt_bias")
+            keep = (isinstance(t, BlockWeight) or not t.is_floating_point()
+                    or name.split(".")[-1] in ("A_log", "dt_bias"))
             return t if keep else t.to(dtype)
 
         self.embed = take("model.embed_tokens.weight")
-        # Tied or not, the LM head keeps its own transposed copy (see Linear); the embedding stays row-major.
-        self.lm_head = Linear(self.embed if shape.tie_word_embeddings else take("lm_head.weight"))
+        # Tied or not, a float LM head keeps its own transposed copy (see Linear); the embedding stays
+        # row-major. Stored blocks are shared: the same blocks serve the lookup and the head.
+        self.lm_head = linear(self.embed if shape.tie_word_embeddings else take("lm_head.weight"))
+        self.block_kernels = False  # stored-block weights through the native kernels (use_block_kernels)
         self.final_norm = take("model.norm.weight")
         self.kernels = False  # native fused kernels for the residual add + RMSNorm and the MLP's silu * up
         self.rotary = rotary = Rotary(shape.head_dim, shape.rope_theta, shape.max_position_embeddings, dtype)
@@ -63,6 +67,17 @@ class DecoderModel:
             sites += [(mixer, name) for name in names] + [(mlp, "gate_up"), (mlp, "down")]
         return sites
 
+    def linears(self) -> list[tuple[object, str]]:
+        """(owner, attribute) of every linear: the projections, then the LM head."""
+        return self.projections() + [(self, "lm_head")]
+
+    def use_block_kernels(self, native: bool) -> None:
+        """Run the stored-block weights (embedding lookup, projections, LM head) through the native kernels."""
+        self.block_kernels = native
+        for owner, name in self.linears():
+            if isinstance(getattr(owner, name), BlockLinear):
+                getattr(owner, name).native = native
+
     def use_kda_decode(self, impl: str, bv_tile: int | None, head_split: int) -> None:
         """Set every KDA layer's decode-step implementation and tiling."""
         for _, mixer, _, _ in self.layers:
@@ -91,7 +106,7 @@ class DecoderModel:
         as a side effect."""
         inputs.rope_cos, inputs.rope_sin = self.rotary.tables(inputs.positions)
         # the residual stream is updated in place (add_rms_norm): a fresh tensor, never the caller's
-        hidden = F.embedding(inputs.input_ids, self.embed) if hidden is None else hidden.clone()
+        hidden = self.embedding(inputs.input_ids) if hidden is None else hidden.clone()
         layers = self.layers[:num_layers]
         delta = None  # the last sublayer's output, not yet added to the residual stream
         for layer, (norm_in, mixer, norm_post, mlp) in enumerate(layers):
@@ -108,6 +123,12 @@ class DecoderModel:
         if delta is not None:
             hidden += delta
         return hidden
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of token ids [T] (dequantized, for stored blocks)."""
+        if isinstance(self.embed, BlockWeight):
+            return self.embed.dequantize(ids.contiguous(), native=self.block_kernels)
+        return F.embedding(ids, self.embed)
 
     def add_rms_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
         """hidden += delta in place (when given), then RMSNorm(hidden) as a new tensor."""

@@ -7,7 +7,7 @@ from infragent.engine.kv_cache import KDAStateCache
 from functools import partial
 
 from infragent.engine.models.kda_ops import kda_chunked, kda_decode_reference, kda_decode_step, kda_gate
-from infragent.engine.models.layers import Linear, rms_norm
+from infragent.engine.models.layers import linear, rms_norm, stack
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
 
@@ -18,12 +18,12 @@ class KDA:
     def __init__(self, w: dict[str, torch.Tensor], num_heads: int, dk: int, dv: int, rms_eps: float,
                  chunk_size: int, state_layer: int) -> None:
         names = ("q_proj", "k_proj", "v_proj", "g_proj", "b_proj", "g_out_proj")
-        self.w_in = Linear(torch.cat([w[n] for n in names], dim=0))
+        self.w_in = linear(stack([w[n] for n in names]))
         self.splits = [num_heads * dk, num_heads * dk, num_heads * dv, num_heads * dk, num_heads, num_heads * dv]
         self.A_log = w["A_log"].float()
         self.dt_bias = w["dt_bias"].float().view(num_heads, dk)
         self.o_norm = w["o_norm"]
-        self.o_proj = Linear(w["o_proj"])
+        self.o_proj = linear(w["o_proj"])
         self.h, self.dk, self.dv = num_heads, dk, dv
         self.eps = rms_eps
         self.chunk_size = chunk_size

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from infragent.engine.kv_cache import KVCache
+from infragent.engine.quant.blocks import BlockLinear, BlockWeight, stack_rows
 from infragent.engine.step_inputs import StepInputs
 
 
@@ -53,12 +54,31 @@ class Linear:
         return self.weight_t.nbytes
 
 
+Weight = torch.Tensor | BlockWeight  # a projection's W [out, in]: a float tensor, or stored blocks
+
+
+def linear(weight: Weight) -> Linear | BlockLinear:
+    """The linear for W: a float W transposed for BLAS, stored blocks kept as they are (their kernels are
+    switched on by DecoderModel.use_block_kernels)."""
+    return BlockLinear(weight, native=False) if isinstance(weight, BlockWeight) else Linear(weight)
+
+
+def stack(parts: list[Weight]) -> Weight:
+    """The parts' rows, one after another (a fused projection)."""
+    return stack_rows(parts) if isinstance(parts[0], BlockWeight) else torch.cat(parts, dim=0)
+
+
+def scale(weight: Weight, factor: float) -> Weight:
+    """W times a constant (blocks keep it as a row scale rather than rounding again)."""
+    return weight.scaled(factor) if isinstance(weight, BlockWeight) else weight * factor
+
+
 class GatedMLP:
     """down(silu(gate(x)) * up(x)) with gate and up fused into one matmul."""
 
-    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> None:
-        self.gate_up = Linear(torch.cat([gate, up], dim=0))
-        self.down = Linear(down)
+    def __init__(self, gate: Weight, up: Weight, down: Weight) -> None:
+        self.gate_up = linear(stack([gate, up]))
+        self.down = linear(down)
         self.inter = gate.shape[0]
 
     def __call__(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
@@ -108,11 +128,11 @@ def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context_s
 class Attention:
     """GQA self-attention with RoPE that writes to and reads from its layer of the KV cache."""
 
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, num_heads: int,
+    def __init__(self, q: Weight, k: Weight, v: Weight, o: Weight, num_heads: int,
                  num_kv_heads: int, head_dim: int, rotary: Rotary, cache_layer: int) -> None:
         # The softmax scale is folded into W_q (RoPE is linear, so it commutes): one multiply fewer per step.
-        self.qkv = Linear(torch.cat([q * head_dim ** -0.5, k, v], dim=0))
-        self.o = Linear(o)
+        self.qkv = linear(stack([scale(q, head_dim ** -0.5), k, v]))
+        self.o = linear(o)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rotary = rotary
         self.cache_layer = cache_layer

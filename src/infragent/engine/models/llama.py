@@ -7,6 +7,7 @@ import torch
 
 from infragent.engine.gguf_weights import GGUFFile, LlamaGGUFConfig, load_llama_gguf
 from infragent.engine.models.shape import ModelShape
+from infragent.engine.quant.blocks import BlockWeight
 
 
 def llama_shape(cfg: LlamaGGUFConfig) -> ModelShape:
@@ -19,7 +20,8 @@ def llama_shape(cfg: LlamaGGUFConfig) -> ModelShape:
         tie_word_embeddings=cfg.tie_word_embeddings)
 
 
-def load_llama(path: str | Path | GGUFFile | None = None) -> tuple[ModelShape, dict[str, torch.Tensor]]:
-    """Spec and fp32 weights (HF names) of the GGUF llama model."""
-    cfg, weights = load_llama_gguf(path)
+def load_llama(path: str | Path | GGUFFile | None = None,
+               blocks: bool = False) -> tuple[ModelShape, dict[str, torch.Tensor | BlockWeight]]:
+    """Shape and weights (HF names) of the GGUF llama model: fp32, or (blocks) the quantized tensors as stored."""
+    cfg, weights = load_llama_gguf(path, blocks=blocks)
     return llama_shape(cfg), weights

@@ -1,0 +1,170 @@
+// Products with quantized weights kept in their stored blocks (GGUF Q4_1 and Q8_0, int8 per channel), fp32
+// activations and fp32 accumulation, registered as torch.ops.infragent.*:
+//
+// qlinear(x [m, k], qs, d, mins, row_scale, kind) -> y [m, n]   (built for small m: decode batches)
+// qdequantize(qs, d, mins, row_scale, kind, rows)  -> W [rows or n, k] fp32
+// qgemm_isa() -> the instruction set in use;  qgemm_set_isa(name) -> choose one ("auto", "avx512", "avx2",
+//   "generic"); the first use reads $INFRAGENT_ISA (default auto: the widest this CPU has).
+//
+// qgemm_impl.h is compiled three times into this one library, for AVX-512, AVX2 and the x86-64 baseline, so
+// the same build runs on either machine kind and a test can run the AVX2 path on an AVX-512 machine.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+enum class Kind : int64_t { Q4_1 = 0, Q8_0 = 1, I8 = 2 };
+
+namespace avx512 {
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define VEC 16
+#include "qgemm_impl.h"
+#undef VEC
+#pragma GCC pop_options
+}  // namespace avx512
+
+namespace avx2 {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define VEC 8
+#include "qgemm_impl.h"
+#undef VEC
+#pragma GCC pop_options
+}  // namespace avx2
+
+namespace generic {
+#define VEC 4
+#include "qgemm_impl.h"
+#undef VEC
+}  // namespace generic
+
+enum class Isa : int { Unset = -1, Generic = 0, Avx2 = 1, Avx512 = 2 };
+const char* kIsaNames[] = {"generic", "avx2", "avx512"};
+std::atomic<int> chosen{static_cast<int>(Isa::Unset)};
+
+Isa widest() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return Isa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
+  return Isa::Generic;
+}
+
+Isa parse(const std::string& name) {
+  const Isa best = widest();
+  if (name.empty() || name == "auto") return best;
+  for (int i = 0; i < 3; ++i)
+    if (name == kIsaNames[i]) {
+      TORCH_CHECK(i <= static_cast<int>(best), "INFRAGENT_ISA=", name, ": this CPU's widest is ",
+                  kIsaNames[static_cast<int>(best)], "; use auto or a narrower one");
+      return static_cast<Isa>(i);
+    }
+  TORCH_CHECK(false, "INFRAGENT_ISA=", name, ": choose auto, avx512, avx2 or generic");
+}
+
+Isa isa() {
+  int now = chosen.load();
+  if (now == static_cast<int>(Isa::Unset)) {
+    const char* env = std::getenv("INFRAGENT_ISA");
+    now = static_cast<int>(parse(env != nullptr ? env : ""));
+    chosen.store(now);
+  }
+  return static_cast<Isa>(now);
+}
+
+template <typename W>
+W weights(const at::Tensor& qs, const std::optional<at::Tensor>& d, const std::optional<at::Tensor>& mins,
+          const std::optional<at::Tensor>& row_scale, int64_t kind_code) {
+  TORCH_CHECK(kind_code >= 0 && kind_code <= 2, "kind ", kind_code, ": 0 (Q4_1), 1 (Q8_0) or 2 (int8)");
+  const Kind kind = static_cast<Kind>(kind_code);
+  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.element_size() == 1, "qs must be contiguous 1-byte [n, bytes]");
+  const int64_t n = qs.size(0), k = kind == Kind::Q4_1 ? qs.size(1) * 2 : qs.size(1);
+  TORCH_CHECK(k % 32 == 0, "row length ", k, " must be a multiple of 32 (one block)");
+  W w{kind, n, k, reinterpret_cast<const uint8_t*>(qs.data_ptr()), nullptr, nullptr, nullptr};
+  if (kind != Kind::I8) {
+    TORCH_CHECK(d.has_value() && d->scalar_type() == at::kHalf && d->is_contiguous() && d->numel() == n * (k / 32),
+                "d must be contiguous fp16 [n, k / 32]");
+    w.d = reinterpret_cast<const _Float16*>(d->data_ptr());
+  }
+  if (kind == Kind::Q4_1) {
+    TORCH_CHECK(mins.has_value() && mins->scalar_type() == at::kHalf && mins->is_contiguous() &&
+                    mins->numel() == n * (k / 32),
+                "mins must be contiguous fp16 [n, k / 32]");
+    w.m = reinterpret_cast<const _Float16*>(mins->data_ptr());
+  }
+  if (row_scale.has_value()) {
+    TORCH_CHECK(row_scale->scalar_type() == at::kFloat && row_scale->is_contiguous() && row_scale->numel() == n,
+                "row_scale must be contiguous fp32 [n]");
+    w.row_scale = row_scale->data_ptr<float>();
+  }
+  return w;
+}
+
+#define INFRAGENT_ON_ISA(call)                                                              \
+  switch (isa()) {                                                                         \
+    case Isa::Avx512: { auto w = weights<avx512::Weights>(qs, d, mins, row_scale, kind); avx512::call; break; } \
+    case Isa::Avx2: { auto w = weights<avx2::Weights>(qs, d, mins, row_scale, kind); avx2::call; break; }       \
+    default: { auto w = weights<generic::Weights>(qs, d, mins, row_scale, kind); generic::call; break; }       \
+  }
+
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& qs, const std::optional<at::Tensor>& d,
+                   const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& row_scale, int64_t kind) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous fp32 [m, k]");
+  const int64_t k = static_cast<Kind>(kind) == Kind::Q4_1 ? qs.size(1) * 2 : qs.size(1);
+  TORCH_CHECK(x.size(1) == k, "x has ", x.size(1), " columns; the weight's rows have ", k);
+  auto y = at::empty({x.size(0), qs.size(0)}, x.options());
+  if (x.size(0) == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t m = x.size(0);
+  INFRAGENT_ON_ISA(linear(w, xp, m, yp))
+  return y;
+}
+
+at::Tensor qdequantize(const at::Tensor& qs, const std::optional<at::Tensor>& d, const std::optional<at::Tensor>& mins,
+                       const std::optional<at::Tensor>& row_scale, int64_t kind, const std::optional<at::Tensor>& rows) {
+  const int64_t k = static_cast<Kind>(kind) == Kind::Q4_1 ? qs.size(1) * 2 : qs.size(1);
+  const int64_t* picked = nullptr;
+  int64_t count = qs.size(0);
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->scalar_type() == at::kLong && rows->is_contiguous() && rows->dim() == 1, "rows must be int64 [r]");
+    picked = rows->data_ptr<int64_t>();
+    count = rows->numel();
+    for (int64_t i = 0; i < count; ++i)
+      TORCH_CHECK(picked[i] >= 0 && picked[i] < qs.size(0), "row ", picked[i], " out of range [0, ", qs.size(0), ")");
+  }
+  auto out = at::empty({count, k}, qs.options().dtype(at::kFloat));
+  float* op = out.data_ptr<float>();
+  INFRAGENT_ON_ISA(dequantize(w, picked, count, op))
+  return out;
+}
+
+std::string qgemm_isa() { return kIsaNames[static_cast<int>(isa())]; }
+
+void qgemm_set_isa(const std::string& name) { chosen.store(static_cast<int>(parse(name))); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(infragent, m) {
+  m.def("qlinear(Tensor x, Tensor qs, Tensor? d, Tensor? mins, Tensor? row_scale, int kind) -> Tensor");
+  m.def("qdequantize(Tensor qs, Tensor? d, Tensor? mins, Tensor? row_scale, int kind, Tensor? rows) -> Tensor");
+  m.def("qgemm_isa() -> str", qgemm_isa);
+  m.def("qgemm_set_isa(str name) -> ()", qgemm_set_isa);
+}
+
+TORCH_LIBRARY_IMPL(infragent, CPU, m) {
+  m.impl("qlinear", qlinear);
+  m.impl("qdequantize", qdequantize);
+}

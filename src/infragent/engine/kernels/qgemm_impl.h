@@ -1,0 +1,228 @@
+// The quantized-weight products for one instruction set. qgemm.cpp includes this file once per ISA, each time
+// inside its own namespace and under its own `#pragma GCC target`, with VEC (floats per vector) defined: the
+// same source becomes AVX-512, AVX2 and baseline code in one build, chosen at run time.
+//
+// A weight W [N, K] is kept as the GGUF file stores it, row by row in blocks of 32 along K:
+//   Q4_1: 16 bytes of nibbles per block (byte j: element j in its low nibble, element j + 16 in its high one),
+//         an fp16 scale d and an fp16 min m per block: w = d * q + m, q in 0..15;
+//   Q8_0: 32 int8 per block and an fp16 scale d: w = d * q;
+//   I8:   int8 per element, no block scales (one fp32 scale per row, below).
+// Any kind may carry an fp32 scale per output row (I8's channel scale; a folded constant such as the softmax
+// scale of W_q), applied to each output. Activations and accumulation are fp32.
+
+typedef float fvec __attribute__((vector_size(VEC * 4)));
+typedef int32_t ivec __attribute__((vector_size(VEC * 4)));
+typedef uint8_t bvec __attribute__((vector_size(VEC)));
+typedef int8_t svec __attribute__((vector_size(VEC)));
+
+static inline fvec loadf(const float* p) {
+  fvec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static inline void storef(float* p, fvec v) { std::memcpy(p, &v, sizeof v); }
+
+static inline fvec u8_to_f(const uint8_t* p, bool high) {
+  bvec b;
+  std::memcpy(&b, p, sizeof b);
+  b = high ? (b >> 4) : (b & 15);
+  return __builtin_convertvector(__builtin_convertvector(b, ivec), fvec);
+}
+
+static inline fvec s8_to_f(const int8_t* p) {
+  svec b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(__builtin_convertvector(b, ivec), fvec);
+}
+
+static inline float hsum(fvec v) {
+  float lanes[VEC];
+  std::memcpy(lanes, &v, sizeof v);
+  for (int width = VEC / 2; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
+  return lanes[0];
+}
+
+static inline float half(const _Float16* p) { return static_cast<float>(*p); }
+
+// W's rows as raw pointers, and what they are made of.
+struct Weights {
+  Kind kind;
+  int64_t n, k;
+  const uint8_t* qs;       // Q4_1: [n, k / 2]; Q8_0, I8: [n, k] (int8)
+  const _Float16* d;       // [n, k / 32] (Q4_1, Q8_0)
+  const _Float16* m;       // [n, k / 32] (Q4_1)
+  const float* row_scale;  // [n] or null
+
+  int64_t blocks() const { return k / 32; }
+  int64_t row_bytes() const { return kind == Kind::Q4_1 ? k / 2 : k; }
+  float scale_of(int64_t row) const { return row_scale != nullptr ? row_scale[row] : 1.0f; }
+};
+
+// One block of row `row` times the 32 activations at x: d * sum(q * x) for Q4_1 and Q8_0 (Q4_1's m * sum(x)
+// is added by the caller, once per block from the activations' block sums), sum(q * x) for I8.
+template <Kind K>
+static inline fvec block_dot(const Weights& w, int64_t row, int64_t b, const float* x) {
+  fvec t = fvec{};
+  if (K == Kind::Q4_1) {
+    const uint8_t* q = w.qs + row * (w.k / 2) + b * 16;
+    for (int j = 0; j < 16; j += VEC) {
+      t += u8_to_f(q + j, false) * loadf(x + j);
+      t += u8_to_f(q + j, true) * loadf(x + 16 + j);
+    }
+  } else {
+    const int8_t* q = reinterpret_cast<const int8_t*>(w.qs + row * w.k + b * 32);
+    for (int j = 0; j < 32; j += VEC) t += s8_to_f(q + j) * loadf(x + j);
+  }
+  if (K == Kind::I8) return t;
+  return t * half(w.d + row * w.blocks() + b);
+}
+
+// y[row] for rows [r0, r1) of a single activation row x (batch 1): each block is dequantized in registers,
+// four rows at a time so the activations loaded are shared; xsum holds x's sum per block (Q4_1's mins).
+template <Kind K>
+static void gemv_rows(const Weights& w, const float* x, const float* xsum, float* y, int64_t r0, int64_t r1) {
+  const int64_t nb = w.blocks();
+  int64_t row = r0;
+  for (; row + 4 <= r1; row += 4) {
+    fvec acc0 = fvec{}, acc1 = fvec{}, acc2 = fvec{}, acc3 = fvec{};
+    float mins[4] = {0, 0, 0, 0};
+    for (int64_t b = 0; b < nb; ++b) {
+      acc0 += block_dot<K>(w, row, b, x + b * 32);
+      acc1 += block_dot<K>(w, row + 1, b, x + b * 32);
+      acc2 += block_dot<K>(w, row + 2, b, x + b * 32);
+      acc3 += block_dot<K>(w, row + 3, b, x + b * 32);
+      if (K == Kind::Q4_1)
+        for (int r = 0; r < 4; ++r) mins[r] += half(w.m + (row + r) * nb + b) * xsum[b];
+    }
+    const float sums[4] = {hsum(acc0), hsum(acc1), hsum(acc2), hsum(acc3)};
+    for (int r = 0; r < 4; ++r) y[row + r] = (sums[r] + mins[r]) * w.scale_of(row + r);
+  }
+  for (; row < r1; ++row) {
+    fvec acc = fvec{};
+    float mins = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      acc += block_dot<K>(w, row, b, x + b * 32);
+      if (K == Kind::Q4_1) mins += half(w.m + row * nb + b) * xsum[b];
+    }
+    y[row] = (hsum(acc) + mins) * w.scale_of(row);
+  }
+}
+
+static void gemv(const Weights& w, const float* x, const float* xsum, float* y, int64_t r0, int64_t r1) {
+  switch (w.kind) {
+    case Kind::Q4_1: gemv_rows<Kind::Q4_1>(w, x, xsum, y, r0, r1); break;
+    case Kind::Q8_0: gemv_rows<Kind::Q8_0>(w, x, xsum, y, r0, r1); break;
+    default: gemv_rows<Kind::I8>(w, x, xsum, y, r0, r1); break;
+  }
+}
+
+// Row `row` of W dequantized into out[k] (fp32; the row scale is not applied).
+static void dequantize_row(const Weights& w, int64_t row, float* out) {
+  const int64_t nb = w.blocks();
+  for (int64_t b = 0; b < nb; ++b) {
+    float* o = out + b * 32;
+    if (w.kind == Kind::Q4_1) {
+      const uint8_t* q = w.qs + row * w.row_bytes() + b * 16;
+      const fvec d = fvec{} + half(w.d + row * nb + b), m = fvec{} + half(w.m + row * nb + b);
+      for (int j = 0; j < 16; j += VEC) {
+        storef(o + j, u8_to_f(q + j, false) * d + m);
+        storef(o + 16 + j, u8_to_f(q + j, true) * d + m);
+      }
+    } else {
+      const int8_t* q = reinterpret_cast<const int8_t*>(w.qs + row * w.row_bytes() + b * 32);
+      const fvec d = fvec{} + (w.kind == Kind::I8 ? 1.0f : half(w.d + row * nb + b));
+      for (int j = 0; j < 32; j += VEC) storef(o + j, s8_to_f(q + j) * d);
+    }
+  }
+}
+
+// sums[a][j] = x row a . tile row j over k, for MI activation rows and RJ weight rows: MI x RJ accumulators,
+// each vector loaded once per pass and used RJ (activations) or MI (weights) times.
+template <int MI, int RJ>
+static inline void micro(const float* x, const float* tile, int64_t k, float sums[4][2]) {
+  fvec acc[MI][RJ] = {};
+  for (int64_t c = 0; c < k; c += VEC) {
+    fvec wv[RJ];
+    for (int j = 0; j < RJ; ++j) wv[j] = loadf(tile + j * k + c);
+    for (int a = 0; a < MI; ++a) {
+      const fvec xv = loadf(x + a * k + c);
+      for (int j = 0; j < RJ; ++j) acc[a][j] += xv * wv[j];
+    }
+  }
+  for (int a = 0; a < MI; ++a)
+    for (int j = 0; j < RJ; ++j) sums[a][j] = hsum(acc[a][j]);
+}
+
+template <int RJ>
+static inline void micro_rows(int mi, const float* x, const float* tile, int64_t k, float sums[4][2]) {
+  switch (mi) {
+    case 4: micro<4, RJ>(x, tile, k, sums); break;
+    case 3: micro<3, RJ>(x, tile, k, sums); break;
+    case 2: micro<2, RJ>(x, tile, k, sums); break;
+    default: micro<1, RJ>(x, tile, k, sums); break;
+  }
+}
+
+// y[:, row0 + r] for every row of x [m, k] against `rows` dequantized W rows in tile ([rows, k], fp32), four
+// activation rows by two weight rows at a time.
+static void tile_product(const float* x, int64_t m, int64_t k, const float* tile, int64_t rows, const Weights& w,
+                         int64_t row0, float* y, int64_t ldy) {
+  float sums[4][2];
+  for (int64_t i = 0; i < m; i += 4) {
+    const int mi = static_cast<int>(std::min<int64_t>(4, m - i));
+    for (int64_t r = 0; r < rows; r += 2) {
+      const int rj = static_cast<int>(std::min<int64_t>(2, rows - r));
+      if (rj == 2) micro_rows<2>(mi, x + i * k, tile + r * k, k, sums);
+      else micro_rows<1>(mi, x + i * k, tile + r * k, k, sums);
+      for (int a = 0; a < mi; ++a)
+        for (int j = 0; j < rj; ++j) y[(i + a) * ldy + row0 + r + j] = sums[a][j] * w.scale_of(row0 + r + j);
+    }
+  }
+}
+
+// y [m, n] = x [m, k] . W^T. Batch 1: the blocks are dequantized in registers, rows split over the threads.
+// More rows: W is dequantized one tile of rows at a time into a buffer that stays in cache, and every row of
+// x runs against it (the dequantization is paid once per tile, not once per activation row).
+static void linear(const Weights& w, const float* x, int64_t m, float* y) {
+  const int64_t nb = w.blocks();
+  if (m == 1) {
+    std::vector<float> xsum(nb, 0.0f);
+    if (w.kind == Kind::Q4_1)
+      for (int64_t b = 0; b < nb; ++b) {
+        fvec s = fvec{};
+        for (int j = 0; j < 32; j += VEC) s += loadf(x + b * 32 + j);
+        xsum[b] = hsum(s);
+      }
+    const int64_t groups = (w.n + 3) / 4;
+    at::parallel_for(0, groups, std::max<int64_t>(1, (1 << 16) / (4 * w.k)), [&](int64_t g0, int64_t g1) {
+      gemv(w, x, xsum.data(), y, g0 * 4, std::min(w.n, g1 * 4));
+    });
+    return;
+  }
+  constexpr int64_t kTile = 16;
+  at::parallel_for(0, (w.n + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> tile(kTile * w.k);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t row0 = t * kTile, rows = std::min(kTile, w.n - row0);
+      for (int64_t r = 0; r < rows; ++r) dequantize_row(w, row0 + r, tile.data() + r * w.k);
+      tile_product(x, m, w.k, tile.data(), rows, w, row0, y, w.n);
+    }
+  });
+}
+
+// out [count, k] = W's rows `rows` (all rows when null) dequantized, each times its row scale.
+static void dequantize(const Weights& w, const int64_t* rows, int64_t count, float* out) {
+  at::parallel_for(0, count, std::max<int64_t>(1, (1 << 15) / w.k), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t row = rows != nullptr ? rows[i] : i;
+      float* o = out + i * w.k;
+      dequantize_row(w, row, o);
+      if (w.row_scale != nullptr) {
+        const fvec s = fvec{} + w.row_scale[row];
+        for (int64_t c = 0; c < w.k; c += VEC) storef(o + c, loadf(o + c) * s);
+      }
+    }
+  });
+}

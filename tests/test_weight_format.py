@@ -1,0 +1,161 @@
+"""Weights at the bits they are stored in. The native kernels against dequantize-then-matmul for every block
+kind, odd shapes and every instruction set this CPU has (the AVX2 path runs on an AVX-512 machine too, also
+forced through $INFRAGENT_ISA in a fresh process); the file's blocks regrouped without changing a bit; and
+the real model with weight_format gguf computing what fp32 computes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from infragent.engine.config import ConfigError, EngineConfig
+from infragent.engine.gguf_weights import GGML_KINDS, _dequantize_into, read_gguf
+from infragent.engine.kernels import build
+from infragent.engine.quant.blocks import KIND_CODES, BlockLinear, BlockWeight, from_gguf, quantize_int8, stack_rows
+
+needs_kernels = pytest.mark.skipif(not build.available(), reason="the native kernels did not build here")
+SHAPES = [(37, 64, 1), (5, 32, 3), (129, 576, 1), (130, 96, 17), (1, 32, 64), (64, 1536, 33), (33, 64, 65)]
+
+
+def random_weight(kind: str, n: int, k: int, seed: int) -> BlockWeight:
+    """Random blocks of a kind, with scales the size real files carry."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "q4_1":
+        return BlockWeight(kind, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g),
+                           (torch.rand(n, k // 32, generator=g) * 0.02).half(),
+                           (torch.randn(n, k // 32, generator=g) * 0.1).half())
+    if kind == "q8_0":
+        return BlockWeight(kind, torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g),
+                           (torch.rand(n, k // 32, generator=g) * 0.01).half())
+    return quantize_int8(torch.randn(n, k, generator=g))
+
+
+def isas() -> list[str]:
+    """The instruction sets this CPU runs, widest first."""
+    build.load()
+    widest = ["generic", "avx2", "avx512"].index(torch.ops.infragent.qgemm_isa())
+    return ["avx512", "avx2", "generic"][2 - widest:]
+
+
+@pytest.fixture
+def isa_restored():
+    """Whatever a test chooses, the next one starts from auto."""
+    yield
+    torch.ops.infragent.qgemm_set_isa("auto")
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0", "int8"])
+def test_the_kernels_equal_dequantize_then_matmul(kind: str, isa_restored) -> None:
+    for isa in isas():
+        torch.ops.infragent.qgemm_set_isa(isa)
+        for i, (n, k, m) in enumerate(SHAPES):
+            w = random_weight(kind, n, k, seed=i)
+            if i % 2:
+                w = w.scaled(0.125)  # a folded row scale, as W_q carries the softmax scale
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(100 + i))
+            reference = x.double() @ w.dequantize().double().t()
+            y = torch.ops.infragent.qlinear(x, w.qs, w.d, w.mins, w.row_scale, KIND_CODES[kind])
+            error = ((y.double() - reference).abs().max() / reference.abs().max()).item()
+            assert y.shape == (m, n) and error < 1e-5, (isa, n, k, m, error)
+            dense = w.dequantize(native=True)
+            assert (dense - w.dequantize()).abs().max().item() <= 1e-6 * w.dequantize().abs().max().item()
+            rows = torch.tensor([n - 1, 0, n // 2])
+            assert torch.equal(w.dequantize(rows, native=True), dense[rows])
+
+
+@needs_kernels
+def test_the_avx2_path_is_forced_by_the_environment_in_a_fresh_process(tmp_path) -> None:
+    if "avx2" not in isas():
+        pytest.skip("this CPU has no AVX2")
+    w = random_weight("q4_1", 67, 576, seed=7)
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(8))
+    torch.save({"w": w.__dict__, "x": x}, tmp_path / "case.pt")
+    script = (f"import torch\nfrom infragent.engine.kernels import build\nbuild.load()\n"
+              f"case = torch.load({str(tmp_path / 'case.pt')!r})\nw = case['w']\n"
+              f"y = torch.ops.infragent.qlinear(case['x'], w['qs'], w['d'], w['mins'], w['row_scale'], 0)\n"
+              f"torch.save(y, {str(tmp_path / 'y.pt')!r})\nprint(torch.ops.infragent.qgemm_isa())")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "INFRAGENT_ISA": "avx2"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "avx2"
+    reference = x.double() @ w.dequantize().double().t()
+    assert (torch.load(tmp_path / "y.pt").double() - reference).abs().max() / reference.abs().max() < 1e-5
+
+
+@needs_kernels
+def test_an_isa_the_cpu_lacks_or_an_unknown_name_is_refused_by_name(isa_restored) -> None:
+    with pytest.raises(RuntimeError, match="choose auto, avx512, avx2 or generic"):
+        torch.ops.infragent.qgemm_set_isa("sse9")
+    if isas()[0] != "avx512":
+        with pytest.raises(RuntimeError, match="this CPU's widest is"):
+            torch.ops.infragent.qgemm_set_isa("avx512")
+
+
+def test_the_files_blocks_regroup_without_changing_a_bit() -> None:
+    gguf = read_gguf()
+    for ggml_type in GGML_KINDS:
+        name = next(n for n, t in gguf.tensors.items() if t.ggml_type == ggml_type and len(t.shape) == 2)
+        info, raw = gguf.tensors[name], gguf.read_tensor_bytes(name)
+        expected = torch.empty(info.shape)
+        _dequantize_into(raw, ggml_type, expected.numpy())
+        blocks = from_gguf(raw, ggml_type, info.shape)
+        assert torch.equal(blocks.dequantize(), expected), name  # the same arithmetic as the fp32 load
+        assert blocks.nbytes == info.nbytes
+
+
+def test_rows_taken_and_stacked_keep_their_blocks() -> None:
+    a, b = random_weight("q4_1", 6, 64, seed=1), random_weight("q4_1", 4, 64, seed=2).scaled(0.5)
+    fused = stack_rows([a, b])
+    assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    order = torch.tensor([9, 0, 3])
+    assert torch.equal(fused.rows(order).dequantize(), fused.dequantize()[order])
+    with pytest.raises(ValueError, match="different block kinds"):
+        stack_rows([a, random_weight("q8_0", 2, 64, seed=3)])
+
+
+def test_without_the_kernels_a_block_linear_dequantizes_and_agrees() -> None:
+    w = random_weight("q8_0", 40, 96, seed=4)
+    x = torch.randn(5, 96)
+    assert torch.allclose(BlockLinear(w, native=False)(x), x @ w.dequantize().t(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"weight_format": "q4"}, "weight_format: 'q4'; choose one of fp32, gguf, int8"),
+    ({"weight_format": "gguf", "model": "hybrid"}, "the hybrid model has no file"),
+    ({"weight_format": "gguf", "quantization": "w8a8"}, "does not combine with quantization"),
+    ({"weight_format": "int8", "dtype": "bfloat16"}, "does not combine with dtype"),
+])
+def test_a_weight_format_that_cannot_run_names_itself(fields: dict, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        EngineConfig(**fields)
+
+
+def test_gguf_weights_compute_what_fp32_computes_on_the_real_model() -> None:
+    """Greedy tokens equal, logits within 1e-4 relative, the weights a fifth of fp32's bytes (the must-show's
+    64 x 64 run is benchmarks/weight_format_exactness.py)."""
+    from infragent.engine.llm_engine import LLMEngine
+    from infragent.engine.sampling import SamplingParams
+
+    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288] * 9]
+    results = {}
+    for fmt in ("fp32", "gguf"):
+        engine = LLMEngine(EngineConfig(model="llama", weight_format=fmt, max_model_len=256, kv_cache_gb=0.05))
+        try:
+            params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+            seqs = [engine.add_request(p, params) for p in prompts]
+            while engine.has_unfinished():
+                engine.step()
+            hidden = torch.randn(4, engine.model.shape.hidden_size, generator=torch.Generator().manual_seed(0))
+            results[fmt] = {"tokens": [list(s.output_token_ids) for s in seqs], "logits": engine.model.logits(hidden),
+                            "bytes": engine.model.nbytes()}
+        finally:
+            engine.close()
+    assert results["gguf"]["tokens"] == results["fp32"]["tokens"]
+    a, b = results["gguf"]["logits"], results["fp32"]["logits"]
+    assert ((a - b).abs().max() / b.abs().max()).item() <= 1e-4
+    assert results["gguf"]["bytes"] < results["fp32"]["bytes"] / 4, json.dumps({k: v["bytes"] for k, v in results.items()})
