@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import resource
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +13,12 @@ import pytest
 from infragent.engine.build import give_back_freed_memory
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import their reference helpers by name
+
+# A suite started in the background (`make test &`, nohup, a CI runner's shell) inherits SIGINT ignored, and so
+# would every process it starts: a Python child then never installs its Ctrl-C handler, and the tests that
+# interrupt a run with SIGINT see it finish instead. The suite runs as if started from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

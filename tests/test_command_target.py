@@ -159,6 +159,15 @@ def test_readiness_is_proven_by_the_listening_socket(tmp_path: Path) -> None:
 EIGHT = SEQS.replace("domain = [1, 8]", "domain = [8, 8]")
 
 
+def _signal_masks(pid: int) -> str:
+    """The process's blocked, ignored and caught signal masks (/proc/PID/status), as one line."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as err:
+        return f"no status for pid {pid}: {err}"
+    return "; ".join(line for line in lines if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+
+
 def _in_phase(ledger_path: Path, phase: str) -> bool:
     """Whether the run in this ledger is in the phase now (from what it has recorded so far)."""
     if not ledger_path.exists():
@@ -195,9 +204,10 @@ def test_an_interrupt_in_any_phase_leaves_no_process_and_the_run_resumable(tmp_p
     while not _in_phase(ledger_path, phase):
         assert proc.poll() is None and time.monotonic() < deadline, f"never reached {phase}: {proc.stdout.read()}"
         time.sleep(0.05)
+    masks = _signal_masks(proc.pid)  # evidence if the signal goes unheard (SigIgn: ignored since its start)
     proc.send_signal(sig)
     output = proc.communicate(timeout=90)[0]
-    assert proc.returncode == 130, output[-3000:]
+    assert proc.returncode == 130, f"{masks}\n{output[-3000:]}"
     assert "Traceback" not in output, output[-3000:]
     ledger = Ledger(ledger_path)
     launches = ledger.launches(1)

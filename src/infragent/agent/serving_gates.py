@@ -84,7 +84,7 @@ def check_outputs(baseline_url: str, candidate_url: str, max_tokens: int = 8) ->
 
 def quality_gate(spec: Spec, knobs: dict, plan=None) -> Feedback:  # noqa: ANN001 (QualityPlan, imported lazily)
     """The spec's quality criteria for an engine with these knobs, against an fp32 copy of that engine
-    (no quantized weights, fp32 KV), both in-process: perplexity, KL and greedy agreement with CIs."""
+    (weights fp32 and unquantized, fp32 KV), both in-process: perplexity, KL and greedy agreement with CIs."""
     from infragent.engine.config import ConfigError
     from infragent.engine.llm_engine import LLMEngine
     from infragent.probes.quality import quality
@@ -94,7 +94,8 @@ def quality_gate(spec: Spec, knobs: dict, plan=None) -> Feedback:  # noqa: ANN00
         candidate = engine_config(spec.target, knobs)
         reference = dataclasses.replace(candidate, dtype="float32", gemm="torch", kv_cache_dtype="auto",
                                         kv_cache_dtypes=None, quantization=None, smoothquant_alpha=None,
-                                        speculative=None, tensor_parallel_size=1, pipeline_parallel_size=1)
+                                        weight_format="fp32", speculative=None, tensor_parallel_size=1,
+                                        pipeline_parallel_size=1)
         for config in (reference, candidate):
             engines.append(LLMEngine(config))
         feedback = quality(*engines, plan, label=f"knobs {knobs}")

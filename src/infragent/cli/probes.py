@@ -9,7 +9,7 @@ from infragent.cli.common import INPUTS_STYLE_HELP, app, emit, fail, make_inputs
 from infragent.engine.knobs import knob_options
 
 # the engine knobs quality takes: what it compares against fp32
-QUALITY_KNOBS = ("kv_cache_dtype", "kv_cache_dtypes", "quantization", "smoothquant_alpha")
+QUALITY_KNOBS = ("kv_cache_dtype", "kv_cache_dtypes", "quantization", "smoothquant_alpha", "weight_format")
 
 
 @app.command()

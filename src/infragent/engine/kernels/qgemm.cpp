@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <immintrin.h>
+
 namespace {
 
 enum class Kind : int64_t { Q4_1 = 0, Q8_0 = 1, I8 = 2 };
@@ -29,6 +31,19 @@ namespace avx512 {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #define VEC 16
+typedef float fvec __attribute__((vector_size(64)));
+
+static inline fvec u8_to_f(const uint8_t* p, bool high) {
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  b = _mm_and_si128(high ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
+  return reinterpret_cast<fvec>(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)));
+}
+
+static inline fvec s8_to_f(const int8_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return reinterpret_cast<fvec>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
+}
+
 #include "qgemm_impl.h"
 #undef VEC
 #pragma GCC pop_options
@@ -38,6 +53,19 @@ namespace avx2 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #define VEC 8
+typedef float fvec __attribute__((vector_size(32)));
+
+static inline fvec u8_to_f(const uint8_t* p, bool high) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  b = _mm_and_si128(high ? _mm_srli_epi16(b, 4) : b, _mm_set1_epi8(15));
+  return reinterpret_cast<fvec>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)));
+}
+
+static inline fvec s8_to_f(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return reinterpret_cast<fvec>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+}
+
 #include "qgemm_impl.h"
 #undef VEC
 #pragma GCC pop_options
@@ -45,6 +73,20 @@ namespace avx2 {
 
 namespace generic {
 #define VEC 4
+typedef float fvec __attribute__((vector_size(16)));
+
+static inline fvec u8_to_f(const uint8_t* p, bool high) {
+  fvec v;
+  for (int i = 0; i < VEC; ++i) v[i] = static_cast<float>(high ? p[i] >> 4 : p[i] & 15);
+  return v;
+}
+
+static inline fvec s8_to_f(const int8_t* p) {
+  fvec v;
+  for (int i = 0; i < VEC; ++i) v[i] = static_cast<float>(p[i]);
+  return v;
+}
+
 #include "qgemm_impl.h"
 #undef VEC
 }  // namespace generic

@@ -10,10 +10,9 @@
 // Any kind may carry an fp32 scale per output row (I8's channel scale; a folded constant such as the softmax
 // scale of W_q), applied to each output. Activations and accumulation are fp32.
 
-typedef float fvec __attribute__((vector_size(VEC * 4)));
-typedef int32_t ivec __attribute__((vector_size(VEC * 4)));
-typedef uint8_t bvec __attribute__((vector_size(VEC)));
-typedef int8_t svec __attribute__((vector_size(VEC)));
+// The including file defines, for its ISA: fvec (VEC floats), u8_to_f(p, high) (VEC nibbles of the bytes at p,
+// the low or the high ones, as floats) and s8_to_f(p) (VEC int8 at p as floats), with that ISA's widening
+// instructions (GCC's generic vector conversions of bytes came out scalar).
 
 static inline fvec loadf(const float* p) {
   fvec v;
@@ -22,19 +21,6 @@ static inline fvec loadf(const float* p) {
 }
 
 static inline void storef(float* p, fvec v) { std::memcpy(p, &v, sizeof v); }
-
-static inline fvec u8_to_f(const uint8_t* p, bool high) {
-  bvec b;
-  std::memcpy(&b, p, sizeof b);
-  b = high ? (b >> 4) : (b & 15);
-  return __builtin_convertvector(__builtin_convertvector(b, ivec), fvec);
-}
-
-static inline fvec s8_to_f(const int8_t* p) {
-  svec b;
-  std::memcpy(&b, p, sizeof b);
-  return __builtin_convertvector(__builtin_convertvector(b, ivec), fvec);
-}
 
 static inline float hsum(fvec v) {
   float lanes[VEC];
