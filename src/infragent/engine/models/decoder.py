@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.kda_layer import KDA
 from infragent.engine.models.layers import Attention, GatedMLP, Rotary, Weight, linear, rms_norm
-from infragent.engine.quant.blocks import BlockLinear, BlockWeight
 from infragent.engine.models.shape import ModelShape
+from infragent.engine.quant.blocks import BlockLinear, BlockWeight
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
 
