@@ -3,6 +3,9 @@ starved thread from its GIL-wait share over windows (run-queue wait and blocking
 interval of that share; the fixed variant reads "no starvation" every time."""
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +14,7 @@ from infragent.analysis.gil_threads import thread_shares
 from infragent.probes.gil import WAIT_THRESHOLD, find_pyspy
 from infragent.probes.gil_child import SAMPLER_THREAD
 from infragent.probes.gil_threads import threads_feedback
+from infragent.probes.thread_states import ThreadStates
 from infragent.trace_model import CounterEvent, Trace
 from test_gil import probe  # noqa: F401 (the module-scoped fixture: run_gil from tests/)
 
@@ -65,6 +69,26 @@ def test_the_verdict_rests_on_the_interval_of_the_starvation_share():
     queued = threads_feedback("w:f", _trace(busy), None, _states(busy), WAIT_THRESHOLD, [], [], set())
     assert queued.verdict == "pass" and queued.locality["dominant"] == "run_queue"
     assert "oversubscribed" in queued.next_probes[0]
+
+
+def test_threads_the_state_sampler_never_saw_asleep_make_a_pass_inconclusive():
+    pair = {1: ("compute", 0.2, 0.0, 1.0), 2: ("packer", 0.95, 0.0, 1.0)}
+    blind = threads_feedback("w:f", _trace(pair), None, [], WAIT_THRESHOLD, [], [], set())  # no state sample
+    assert blind.verdict == "inconclusive" and "never saw" in blind.finding and "compute 80%" in blind.finding
+    seen = threads_feedback("w:f", _trace(pair), None, _states(pair), WAIT_THRESHOLD, [], [], set())
+    assert seen.verdict == "fail"
+
+
+def test_state_sampler_waits_for_the_wrapped_child_instead_of_sampling_the_wrapper():
+    marker = "infragent_wrapped_marker"
+    child = f"import os, time; print(os.getpid(), flush=True); time.sleep(0.6)  # {marker}"
+    wrapper = f"sleep 0.3; {shlex.quote(sys.executable)} -c {shlex.quote(child)}; true  # {marker}"
+    with subprocess.Popen(["sh", "-c", wrapper], stdout=subprocess.PIPE, text=True) as proc, \
+            ThreadStates(proc.pid, marker, wrapped=True) as states:
+        child_pid = int(proc.stdout.readline())
+        proc.wait()
+    tids = {tid for _, tid, _ in states.samples}
+    assert tids and proc.pid not in tids and child_pid in tids, (proc.pid, child_pid, tids)
 
 
 @pytest.mark.skipif(not HAVE_PYSPY, reason="py-spy names the holder's function")

@@ -10,6 +10,8 @@ Per window of a thread's life (wall time):
                 sleep, never biased by holding the GIL), the child's sampler says how often the thread's frame
                 was in a lock, condition, queue or join (a futex sleep that is not the GIL)
   blocked     = off CPU - GIL wait: a timer, I/O, a lock, a queue, a join
+  unseen      = the part of blocked in windows where the parent never saw the thread asleep: nothing tells
+                GIL wait from blocking there, so a large unseen share makes a pass unfounded
 The starvation share is a thread's GIL-wait share; its 95% t interval over the windows is what a verdict
 rests on, so one run near the threshold reads as inconclusive rather than flipping. Held time and the
 function a thread held the GIL in come from py-spy --gil samples (analysis/gil_shares.parse_speedscope).
@@ -45,10 +47,11 @@ class ThreadShares:
     gil_wait_ns: float
     held_ns: float | None  # py-spy; None without it
     function: str | None  # where it held the GIL most often (py-spy)
+    unseen_ns: float = 0.0  # off CPU in windows with no state sample of this thread (counted in blocked_ns)
     windows: list[float] = field(default_factory=list)  # GIL-wait share per window
 
     def share(self, part: str) -> float:
-        """part ('cpu', 'run_queue', 'blocked', 'gil_wait' or 'held') as a share of the thread's wall time."""
+        """part ('cpu', 'run_queue', 'blocked', 'gil_wait', 'unseen' or 'held'): a share of the thread's wall."""
         value = getattr(self, f"{part}_ns")
         return float("nan") if value is None or not self.wall_ns else value / self.wall_ns
 
@@ -64,7 +67,8 @@ class ThreadShares:
     def to_dict(self) -> dict[str, Any]:
         """Plain data with the shares and the interval."""
         lo, hi = self.interval()
-        return {**asdict(self), **{f"{p}_share": self.share(p) for p in ("cpu", "run_queue", "blocked", "gil_wait")},
+        return {**asdict(self), **{f"{p}_share": self.share(p) for p in ("cpu", "run_queue", "blocked", "gil_wait",
+                                                                           "unseen")},
                 "held_share": self.share("held") if self.held_ns is not None else None, "gil_wait_ci": [lo, hi]}
 
 
@@ -89,29 +93,29 @@ def thread_shares(trace: Trace, held: dict[int, HeldSamples] | None, states: lis
         seen = by_tid.get(tid, [])
         parts = [_window(series, delay[tid], framed.get(tid), seen, int(a), int(b))
                  for a, b in zip(edges[:-1], edges[1:])]
-        wall, on, queue, stuck, wait = (sum(p[i] for p in parts) for i in range(5))
+        wall, on, queue, stuck, wait, unseen = (sum(p[i] for p in parts) for i in range(6))
         mine = held.get(tid) if held is not None else None
         rows.append(ThreadShares(name, tid, wall, on, queue, stuck, wait,  # py-spy's weights can add past wall
                                  None if held is None else min(wall, float(mine.held_ns if mine else 0)),
-                                 mine.top_function() if mine else None,
+                                 mine.top_function() if mine else None, unseen,
                                  [p[4] / p[0] for p in parts if p[0] > 0]))
     return sorted(rows, key=lambda r: -r.share("gil_wait"))
 
 
 def _window(cpu: Series, delay: Series, framed: Series | None, seen: list[tuple[int, str]], start: int,
             end: int) -> tuple[float, ...]:
-    """(wall, on CPU, run queue, blocked, GIL wait) ns of one window."""
+    """(wall, on CPU, run queue, blocked, GIL wait, unseen) ns of one window."""
     wall = float(end - start)
     on, queue = cpu.delta(start, end), delay.delta(start, end)
     off = max(0.0, wall - on - queue)
     futex = sum(1 for t, kind in seen if start < t <= end and kind == "futex")
     sleep = sum(1 for t, kind in seen if start < t <= end and kind == "sleep")
     if futex + sleep == 0:  # never seen asleep here: whatever off-CPU time there is, unattributed
-        return wall, on, queue, off, 0.0
+        return wall, on, queue, off, 0.0, off
     in_locks = _mean_between(framed, start, end) if framed is not None else 0.0  # share of the window
     gil = max(0.0, futex / (futex + sleep) - in_locks * wall / max(off, 1.0))  # futex sleep outside lock frames
     wait = off * min(1.0, gil)
-    return wall, on, queue, off - wait, wait
+    return wall, on, queue, off - wait, wait, 0.0
 
 
 def _mean_between(series: Series, start: int, end: int) -> float:

@@ -121,7 +121,8 @@ def _run(cmd: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, st
     timeout_s interrupt the workload's process (it writes what it has; py-spy, seeing it end, its samples);
     kill the group and re-raise if it has not ended STOP_GRACE_S later."""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          start_new_session=True) as proc, ThreadStates(proc.pid, CHILD_MODULE) as states:
+                          start_new_session=True) as proc, \
+            ThreadStates(proc.pid, CHILD_MODULE, wrapped=Path(cmd[0]).name == "py-spy") as states:
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -12,6 +12,7 @@ from infragent.probes.feedback import Evidence, Feedback, Measure
 from infragent.trace_model import Trace
 
 SHOWN_THREADS = 4  # threads with numbers in the reply (all of them are in the details)
+UNSEEN_LIMIT = 0.2  # a thread off CPU this share of its life with no state sample leaves a pass unfounded
 
 
 def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
@@ -47,6 +48,14 @@ def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] |
         finding = f"thread {worst.thread} is starved of the GIL: {split}{held_text}{suffix}"
         return Feedback("gil", "fail", finding, numbers, {**locality, "dominant": "gil_wait"}, evidence,
                         _gil_fix(workload, worst, holder), details)
+    unseen = [r for r in rows if r.share("unseen") > UNSEEN_LIMIT]
+    if hi < threshold and unseen:
+        blind = ", ".join(f"{r.thread} {r.share('unseen'):.0%}" for r in unseen)
+        finding = (f"inconclusive: the thread-state sampler never saw some threads asleep while they were off CPU "
+                   f"({blind} of their time), so their GIL wait cannot be told from blocking: {split}{suffix}")
+        return Feedback("gil", "inconclusive", finding, numbers, locality, evidence,
+                        [f"rerun gil on {workload} (on a busy machine the sampler can miss a short workload)"],
+                        details)
     if hi < threshold:
         cause = worst.dominant()
         finding = (f"no GIL starvation: no thread waits for the GIL more than {threshold:.0%} of its time (most: "

@@ -37,8 +37,8 @@ def classify(state: str, wchan: str) -> str | None:
 class ThreadStates:
     """A background sampler of one process tree's Python child: (perf_counter_ns, tid, kind) samples."""
 
-    def __init__(self, root_pid: int, marker: str) -> None:
-        self.root_pid, self.marker = root_pid, marker
+    def __init__(self, root_pid: int, marker: str, wrapped: bool = False) -> None:
+        self.root_pid, self.marker, self.wrapped = root_pid, marker, wrapped
         self.samples: list[tuple[int, int, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="infragent-thread-states", daemon=True)
@@ -53,7 +53,8 @@ class ThreadStates:
 
     def child(self) -> int | None:
         """The pid of the deepest process of the tree whose command line holds the marker (under py-spy, the
-        Python child, not py-spy, whose own command line holds it too)."""
+        Python child, not py-spy, whose own command line holds it too). When the root wraps the child, None
+        until the child exists: sampling the wrapper's threads instead would see none of the workload's."""
         try:
             root = psutil.Process(self.root_pid)
             found = [p.pid for p in [root] + root.children(recursive=True)
@@ -61,7 +62,7 @@ class ThreadStates:
         except (psutil.Error, OSError):
             return None
         deeper = [pid for pid in found if pid != self.root_pid]
-        return (deeper or found or [None])[-1]
+        return (deeper or ([] if self.wrapped else found) or [None])[-1]
 
     def _loop(self) -> None:
         pid = None
