@@ -34,6 +34,8 @@ def run_infragent(spec: dict, weight_format: str = "fp32") -> dict:
         import torch
 
         result["isa"] = torch.ops.infragent.qgemm_isa() if llm.engine.model.block_kernels else "torch"
+    result["weight_choice"] = llm.engine.weight_choice.to_dict()
+    peaks = {"load": _peak_rss_bytes()}  # the high-water mark after each phase: KV is resident as it is used
     llm.generate(spec["warmup"], SamplingParams(max_tokens=8, ignore_eos=True))
     params = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
     samples, cached = {}, 0
@@ -45,13 +47,15 @@ def run_infragent(spec: dict, weight_format: str = "fp32") -> dict:
         _check(outs, len(prompts), spec["max_tokens"])
         samples[key] = sum(len(o.token_ids) for o in outs) / wall
         cached += sum(o.num_cached_tokens for o in outs)
+        peaks[key] = _peak_rss_bytes()
         if key == "c1":
             o = outs[0]
             samples["c1_decode_only"] = (len(o.token_ids) - 1) / (o.finish_time - o.first_token_time)
             result["c1_token_ids"] = o.token_ids
     outs = llm.generate([spec["prefill_prompt"]], SamplingParams(max_tokens=1, ignore_eos=True))
     samples["prefill"] = len(spec["prefill_prompt"]) / outs[0].ttft_s
-    result.update(samples=samples, num_cached_tokens=cached)
+    peaks["prefill"] = _peak_rss_bytes()
+    result.update(samples=samples, num_cached_tokens=cached, peak_rss_after=peaks)
     return result
 
 

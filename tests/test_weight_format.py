@@ -15,7 +15,9 @@ import torch
 from infragent.engine.config import ConfigError, EngineConfig
 from infragent.engine.gguf_weights import GGML_KINDS, _dequantize_into, read_gguf
 from infragent.engine.kernels import build
+from infragent.engine import weight_choice
 from infragent.engine.quant.blocks import KIND_CODES, BlockLinear, BlockWeight, from_gguf, quantize_int8, stack_rows
+from infragent.engine.weight_choice import candidates, decide
 
 needs_kernels = pytest.mark.skipif(not build.available(), reason="the native kernels did not build here")
 SHAPES = [(37, 64, 1), (5, 32, 3), (129, 576, 1), (130, 96, 17), (1, 32, 64), (64, 1536, 33), (33, 64, 65)]
@@ -125,7 +127,7 @@ def test_without_the_kernels_a_block_linear_dequantizes_and_agrees() -> None:
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"weight_format": "q4"}, "weight_format: 'q4'; choose one of fp32, gguf, int8"),
+    ({"weight_format": "q4"}, "weight_format: 'q4'; choose one of auto, fp32, gguf, int8"),
     ({"weight_format": "gguf", "model": "hybrid"}, "the hybrid model has no file"),
     ({"weight_format": "gguf", "quantization": "w8a8"}, "does not combine with quantization"),
     ({"weight_format": "int8", "dtype": "bfloat16"}, "does not combine with dtype"),
@@ -159,3 +161,81 @@ def test_gguf_weights_compute_what_fp32_computes_on_the_real_model() -> None:
     a, b = results["gguf"]["logits"], results["fp32"]["logits"]
     assert ((a - b).abs().max() / b.abs().max()).item() <= 1e-4
     assert results["gguf"]["bytes"] < results["fp32"]["bytes"] / 4, json.dumps({k: v["bytes"] for k, v in results.items()})
+
+
+@pytest.mark.parametrize("fields, options", [
+    ({}, ("fp32", "gguf")),
+    ({"weight_format": "gguf"}, ("gguf",)),
+    ({"weight_format": "int8"}, ("int8",)),
+    ({"model": "hybrid"}, ("fp32",)),  # no file blocks: auto never picks int8, which changes the numbers
+    ({"quantization": "w8a8"}, ("fp32",)),
+    ({"gemm": "blas"}, ("fp32",)),
+    ({"dtype": "bfloat16"}, ("fp32",)),
+])
+def test_auto_chooses_only_among_formats_with_the_models_outputs(fields: dict, options: tuple) -> None:
+    assert candidates(EngineConfig(**fields)) == options
+
+
+def test_the_choice_follows_the_measured_ratios() -> None:
+    assert decide({1: [3.1, 2.9, 3.0], 32: [1.2, 1.1, 1.3], 128: [0.9, 0.95, 0.92]}).format == "gguf"
+    slower = decide({1: [0.5, 0.6, 0.55], 32: [0.8, 0.9, 0.7], 128: [1.1, 1.0, 1.05]})
+    assert slower.format == "fp32" and "1 rows x0.55" in slower.reason and "geometric mean x0.7" in slower.reason
+
+
+def test_blocks_dequantized_in_place_hold_exactly_what_fp32_loads() -> None:
+    from infragent.engine.models.decoder import DecoderModel
+    from infragent.engine.models.llama import load_llama
+
+    shape, stored = load_llama(blocks=True)
+    held = DecoderModel(shape, stored, torch.float32, consume=True)
+    held.hold_fp32()
+    shape, loaded = load_llama()
+    fp32 = DecoderModel(shape, loaded, torch.float32, consume=True)
+    assert not held.block_kernels and torch.equal(held.embed, fp32.embed)
+    for (owner_a, name), (owner_b, _) in zip(held.linears(), fp32.linears()):
+        a, b = getattr(owner_a, name), getattr(owner_b, name)
+        assert type(a) is type(b) and torch.equal(a.weight_t, b.weight_t), name
+
+
+@needs_kernels
+def test_auto_measures_once_per_machine_and_keeps_the_choice(tmp_path, monkeypatch) -> None:
+    from infragent.engine.llm_engine import LLMEngine
+
+    monkeypatch.setenv("INFRAGENT_KERNEL_CACHE", str(tmp_path / "kernels"))  # the built library is reused
+    monkeypatch.setattr(weight_choice, "ROUNDS", 2)
+    engines = []
+    try:
+        for _ in range(2):
+            engines.append(LLMEngine(EngineConfig(model="llama", max_model_len=256, kv_cache_gb=0.05)))
+        first, second = (e.weight_choice for e in engines)
+        assert first.format in ("fp32", "gguf") and first.reason.startswith("auto: measured here")
+        assert set(first.speedups) == {1, 8, 32, 128} and all(len(s) == 2 for s in first.speedups.values())
+        assert second.to_dict() == first.to_dict() and json.loads(open(first.cache).read())["format"] == first.format
+        model = engines[0].model
+        assert model.block_kernels == (first.format == "gguf")
+        assert isinstance(model.lm_head, BlockLinear) == (first.format == "gguf")
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+@needs_kernels
+def test_a_measurement_taken_while_the_cpu_was_contended_is_not_kept(tmp_path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("INFRAGENT_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(weight_choice, "ROUNDS", 2)
+    site = SimpleNamespace(proj=BlockLinear(random_weight("q4_1", 64, 128, seed=1), native=True),
+                           head=BlockLinear(random_weight("q8_0", 256, 128, seed=2), native=True))
+    linears = [(site, "proj"), (site, "head")]
+    model_file = tmp_path / "model.gguf"
+    model_file.write_bytes(b"0" * 100)
+    config = EngineConfig(model="llama", num_threads=1)
+    waits = iter([0, 10**12])  # a thousand seconds in the run queue during the measurement
+    monkeypatch.setattr(weight_choice, "_run_queue_ns", lambda: next(waits))
+    busy = weight_choice.choose(config, model_file, linears, True, 4)
+    assert "contended" in busy.reason and busy.cache is None and not (tmp_path / "kernels").exists()
+    monkeypatch.setattr(weight_choice, "_run_queue_ns", lambda: 0)
+    quiet = weight_choice.choose(config, model_file, linears, True, 4)
+    assert quiet.cache is not None and "contended" not in quiet.reason
+    assert weight_choice.choose(config, model_file, linears, True, 4).to_dict() == quiet.to_dict()  # kept

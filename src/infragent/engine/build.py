@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -30,6 +31,7 @@ from infragent.engine.speculative.draft_model import DraftModel
 from infragent.engine.speculative.rollback import ReplayRollback, SnapshotRollback
 from infragent.engine.state_slots import StateSlots
 from infragent.engine.tokenizer import Tokenizer
+from infragent.engine.weight_choice import WeightChoice, candidates, choose
 
 
 @dataclass
@@ -47,6 +49,7 @@ class EngineParts:
     scheduler: Scheduler
     runner: ModelRunner
     draft_model: DraftModel | None
+    weight_choice: WeightChoice
 
 
 def build_parts(config: EngineConfig) -> EngineParts:
@@ -56,7 +59,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     gguf = read_gguf(config.gguf_path)  # header parsed once, shared by tokenizer and weights
     tokenizer = Tokenizer.from_reader(gguf)
     if config.model == "llama":
-        shape, weights = load_llama(gguf, blocks=config.weight_format == "gguf")
+        shape, weights = load_llama(gguf, blocks="gguf" in candidates(config))
     else:
         shape, weights = init_hybrid(config.hybrid, tokenizer.vocab_size)
     world, stages = config.tensor_parallel_size, config.pipeline_parallel_size
@@ -85,9 +88,10 @@ def build_parts(config: EngineConfig) -> EngineParts:
         kv_cache = KVCache(local.num_attention_layers, num_blocks, block_size, local.num_kv_heads,
                            local.head_dim, config.torch_dtype, config.kv_layout, formats)
         kv_cache.kernels = model.kernels = use_native_kernels(config.kernels, config.torch_dtype, local.kernel_sizes())
-        model.use_block_kernels(config.weight_format != "fp32" and use_block_kernels(config.kernels))
+        model.use_block_kernels(candidates(config) != ("fp32",) and use_block_kernels(config.kernels))
         kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
                                     local.kda_head_k_dim, local.kda_head_v_dim) if slots else None)
+    weight_choice = _weight_choice(config, gguf.path, model)
     scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks, slots)
     runner = _make_runner(config, model, kv_cache, kda_states, slots, num_blocks, block_size)
     draft_model = None
@@ -100,7 +104,21 @@ def build_parts(config: EngineConfig) -> EngineParts:
         rollback = ReplayRollback if config.rollback == "replayssm" else SnapshotRollback
         kda_states.rollback = rollback(kda_states.states, config.resolved_rollback_window())
     return EngineParts(tokenizer, shape, model, max_model_len, kv_cache, kda_states, blocks, slots, scheduler,
-                       runner, draft_model)
+                       runner, draft_model, weight_choice)
+
+
+def _weight_choice(config: EngineConfig, model_file: Path, model: DecoderModel) -> WeightChoice:
+    """Resolve weight_format (auto: measured, see weight_choice.py); a model loaded as blocks that is to run
+    fp32 is dequantized in place, to what weight_format fp32 would have loaded."""
+    if len(candidates(config)) == 1:
+        return choose(config, model_file, [], False, 0)
+    linears = model.linears()
+    per_layer = len(model.projections()) // max(model.shape.num_layers, 1)
+    choice = choose(config, model_file, linears[:per_layer] + linears[-1:], model.block_kernels,
+                    model.shape.num_layers)
+    if choice.format == "fp32":
+        model.hold_fp32()
+    return choice
 
 
 def _prefix_caching(config: EngineConfig, shape: ModelShape) -> bool:

@@ -80,8 +80,9 @@ class EngineConfig:
                                 "and head.")
     kv_cache_dtypes: list[str] | None = _knob(None, "--kv-cache-dtypes", "One KV dtype per attention layer, "
                                               "comma-separated (overrides --kv-cache-dtype), e.g. int8,int8,bf16.")
-    weight_format: str = _knob("fp32", "--weight-format", "How the weights are held: fp32 (the file's blocks "
-                               "dequantized at load), gguf (the file's Q4_1/Q8_0 blocks as stored, computed with "
+    weight_format: str = _knob("auto", "--weight-format", "How the weights are held: auto (of fp32 and gguf, "
+                               "whichever runs this model's linears faster on this machine, measured once and "
+                               "kept), fp32 (the file's blocks dequantized at load), gguf (the file's Q4_1/Q8_0 blocks as stored, computed with "
                                "fp32 activations: the same model) or int8 (one scale per output row: changes "
                                "the numbers).")
     quantization: str | None = _knob(None, "--quantization", "w8a8 (int8 weights and activations) or "
@@ -170,7 +171,7 @@ class EngineConfig:
     def _check_weight_format(self) -> None:
         if self.weight_format not in WEIGHT_FORMATS:
             raise ConfigError(f"weight_format: {self.weight_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
-        if self.weight_format == "fp32":
+        if self.weight_format in ("auto", "fp32"):  # auto falls back to fp32 where gguf does not apply
             return
         if self.weight_format == "gguf" and self.model != "llama":
             raise ConfigError(f"weight_format: gguf reads the model file's blocks; the {self.model} model has no "

@@ -1,12 +1,28 @@
 """KV cache storage for attention layers (paged or contiguous) and KDA recurrent-state storage."""
 from __future__ import annotations
 
+import mmap
+import math
+
 import torch
 
 from infragent.engine.quant.formats import FORMATS, Format
 from infragent.engine.quant.kv_quant import read_blocks, write_scaled
 from infragent.engine.step_inputs import PrefillChunk, StepInputs
 from infragent.trace import span
+
+
+ON_DEMAND_BYTES = 1 << 20  # storage this large is committed page by page as it is written
+
+
+def zeros_on_demand(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose memory the process holds only once written: anonymous mmap pages read as zero
+    and are committed on first write, so a cache sized generously costs resident memory only for what is in
+    use (torch.zeros writes, and so commits, every page up front)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes < ON_DEMAND_BYTES:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)  # the tensor keeps the map alive
 
 
 class KVCache:
@@ -27,8 +43,8 @@ class KVCache:
                  head_dim: int, dtype: torch.dtype, layout: str, formats: list[Format | None] | None = None) -> None:
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
         self.formats = [f if f is not None and f.dtype != dtype else None for f in formats or [None] * num_layers]
-        self.k = [torch.zeros(shape, dtype=f.dtype if f else dtype) for f in self.formats]
-        self.v = [torch.zeros(shape, dtype=f.dtype if f else dtype) for f in self.formats]
+        self.k = [zeros_on_demand(shape, f.dtype if f else dtype) for f in self.formats]
+        self.v = [zeros_on_demand(shape, f.dtype if f else dtype) for f in self.formats]
         self.k_scale = [torch.zeros(num_blocks, num_kv_heads) if f and f.scaled else None for f in self.formats]
         self.v_scale = [torch.zeros(num_blocks, num_kv_heads) if f and f.scaled else None for f in self.formats]
         self.dtype = dtype
@@ -191,7 +207,7 @@ class KDAStateCache:
     """Per KDA layer, fp32 recurrent states [num_slots, heads, dk, dv]."""
 
     def __init__(self, num_layers: int, num_slots: int, num_heads: int, dk: int, dv: int) -> None:
-        self.states = [torch.zeros(num_slots, num_heads, dk, dv) for _ in range(num_layers)]
+        self.states = [zeros_on_demand((num_slots, num_heads, dk, dv), torch.float32) for _ in range(num_layers)]
         self.rollback = None  # speculative decoding: a SnapshotRollback or ReplayRollback over these states
 
     def copy_slot(self, src: int, dst: int) -> None:

@@ -41,6 +41,7 @@ class LLMEngine:
         self.kv_cache, self.kda_states = parts.kv_cache, parts.kda_states
         self.blocks, self.slots, self.scheduler = parts.blocks, parts.slots, parts.scheduler
         self.runner, self.draft_model = parts.runner, parts.draft_model
+        self.weight_choice = parts.weight_choice  # the weight_format this engine runs, and why
         self.prompt_tokens_computed = 0  # prompt positions run through the model (a prefix-cache hit or a fork: none)
         self.kv_store = self.kv_transfer = None
         if config.kv_transfer:

@@ -11,7 +11,8 @@ QUANTIZATIONS = ("w8a8", "int8-weight")
 SPECULATIVE = ("ngram", "draft")  # prompt lookup, or the model's own first layers as a draft model
 ROLLBACKS = ("snapshot", "replayssm")
 KERNEL_CHOICES = ("auto", "native", "torch")
-WEIGHT_FORMATS = ("fp32", "gguf", "int8")  # the file's blocks dequantized at load, kept as stored, int8 per row
+WEIGHT_FORMATS = ("auto", "fp32", "gguf", "int8")  # measured; the file's blocks dequantized at load, kept as
+# stored, int8 per row
 KDA_DECODE_IMPLS = ("vectorized", "reference")
 TRANSFER_MODES = ("layerwise", "after_prefill")
 TRANSFER_IMPLS = ("serialize", "bulk")

@@ -58,6 +58,11 @@ def _build_directory() -> tuple[str, Path]:
     return f"infragent_kernels_{key}", root / key
 
 
+def cache_directory() -> Path:
+    """The folder this machine's build of these kernel sources lives in (keyed by sources, flags and CPU)."""
+    return _build_directory()[1]
+
+
 @contextlib.contextmanager
 def _builder(directory: Path) -> Iterator[None]:
     """Hold the build folder's lock (an flock: released when its holder dies, however it dies). Holding it, a

@@ -78,6 +78,18 @@ class DecoderModel:
             if isinstance(getattr(owner, name), BlockLinear):
                 getattr(owner, name).native = native
 
+    def hold_fp32(self) -> None:
+        """Dequantize stored-block weights in place: the model then holds what weight_format fp32 loads (a
+        float embedding, and each linear's own transposed copy)."""
+        embed = self.embed
+        if isinstance(embed, BlockWeight):
+            self.embed = embed.dequantize()
+        for owner, name in self.linears():
+            block = getattr(owner, name)
+            if isinstance(block, BlockLinear):
+                setattr(owner, name, linear(self.embed if block.weight is embed else block.weight.dequantize()))
+        self.block_kernels = False
+
     def use_kda_decode(self, impl: str, bv_tile: int | None, head_split: int) -> None:
         """Set every KDA layer's decode-step implementation and tiling."""
         for _, mixer, _, _ in self.layers:

@@ -1,0 +1,165 @@
+"""weight_format auto: of the formats that give the model's own outputs, the one that runs this model's
+linears fastest on this machine, measured once per machine and kept beside the native kernels.
+
+fp32 (the file's blocks dequantized at load) and gguf (the blocks as stored, fp32 activations and
+accumulation) compute the same model up to summation order (benchmarks/weight_format_exactness.py), so the
+choice between them is a matter of speed alone; int8 changes the numbers and is never chosen for you. The
+measurement times the model's own linears, one of each shape (a slice of the LM head), as blocks and as fp32,
+at the batch sizes the engine runs (decode 1, 8, 32 and a prefill chunk), in interleaved rounds; the choice
+is gguf when the blocks are faster in the geometric mean over those sizes, in the median round.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from infragent.engine.config import EngineConfig
+from infragent.engine.kernels.build import cache_directory
+from infragent.engine.models.layers import Linear
+from infragent.engine.quant.blocks import BlockLinear, BlockWeight
+
+EQUAL_OUTPUTS = ("fp32", "gguf")  # the formats whose outputs are the model's (up to summation order)
+BATCHES = (1, 8, 32, 128)  # rows per product: decode at three concurrencies, and a prefill chunk
+ROUNDS = 5
+LM_HEAD_ROWS = 8192  # the LM head is timed on this many rows and counted for all of them
+MIN_CALL_S = 0.002  # each timed product repeats until it has run this long
+CONTENDED = 0.1  # a measurement whose threads waited for a CPU more than this share of the time is not kept
+MEASUREMENT = "linears-v1"  # in the cache key: a new way of measuring measures again
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WeightChoice:
+    """The weight_format an engine runs, and why: set by hand, the only one that applies, or measured."""
+
+    format: str
+    reason: str
+    speedups: dict[int, list[float]] = field(default_factory=dict)  # rows -> per-round fp32 time / gguf time
+    cache: str | None = None  # the file the measurement is kept in
+
+    def to_dict(self) -> dict:
+        """Plain data."""
+        return asdict(self)
+
+
+def candidates(config: EngineConfig) -> tuple[str, ...]:
+    """The weight formats config may run: the one it names, or (auto) those with the model's outputs that
+    combine with its other knobs."""
+    if config.weight_format != "auto":
+        return (config.weight_format,)
+    clash = (config.quantization is not None or config.gemm != "torch" or config.dtype != "float32"
+             or config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1)
+    return ("fp32",) if config.model != "llama" or clash else EQUAL_OUTPUTS
+
+
+def choose(config: EngineConfig, model_file: Path, linears: list[tuple[object, str]], native: bool,
+           layers: int) -> WeightChoice:
+    """The weight_format for config, given the model built with blocks (linears: its (owner, attribute) of
+    one layer's projections then the LM head; layers: how many layers share those shapes; native: whether
+    the block kernels run here)."""
+    options = candidates(config)
+    if len(options) == 1:
+        why = "set" if config.weight_format != "auto" else "the only format with the model's outputs here"
+        return WeightChoice(options[0], why)
+    if not native:
+        return WeightChoice("fp32", "auto: no native block kernels here (blocks would be dequantized per product)")
+    path = _cache_file(config, model_file)
+    if path.exists():
+        try:
+            kept = json.loads(path.read_text())
+            return WeightChoice(kept["format"], kept["reason"], {int(k): v for k, v in kept["speedups"].items()},
+                                str(path))
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("weight_format auto: %s is unreadable (%s); measuring again", path, exc)
+    waited, start = _run_queue_ns(), time.perf_counter_ns()
+    speedups = measure(linears, layers)
+    wait_share = (_run_queue_ns() - waited) / max(1, (time.perf_counter_ns() - start) * config.resolved_threads())
+    choice = decide(speedups)
+    if wait_share > CONTENDED:  # the ratios are suspect: decide for this process only, measure again next time
+        choice.reason += (f" (contended: this process waited for a CPU {wait_share:.0%} of the time; not kept, "
+                          "measured again at the next start)")
+    else:
+        choice.cache = str(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(choice.to_dict(), indent=1))
+        except OSError as exc:
+            log.warning("weight_format auto: could not keep the measurement in %s (%s)", path, exc)
+    log.info("weight_format auto: %s (%s)", choice.format, choice.reason)
+    return choice
+
+
+def _run_queue_ns() -> int:
+    """Nanoseconds this process's threads have waited, runnable, for a CPU (schedstat's run delay)."""
+    total = 0
+    for task in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            total += int(task.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def decide(speedups: dict[int, list[float]]) -> WeightChoice:
+    """gguf when the blocks are faster in the geometric mean over batch sizes of the median round, else fp32."""
+    medians = {rows: statistics.median(s) for rows, s in speedups.items()}
+    overall = math.exp(statistics.fmean(math.log(m) for m in medians.values()))
+    each = ", ".join(f"{rows} rows x{m:.2f}" for rows, m in medians.items())
+    winner = "gguf" if overall > 1.0 else "fp32"
+    return WeightChoice(winner, f"auto: measured here, blocks against fp32 {each}; geometric mean x{overall:.2f}",
+                        speedups)
+
+
+def measure(linears: list[tuple[object, str]], layers: int) -> dict[int, list[float]]:
+    """Per batch size, per round: the fp32 linears' time over the blocks' time, summed over the model (each
+    layer linear counted `layers` times, the LM head for all its rows)."""
+    pairs = []
+    for i, (owner, name) in enumerate(linears):
+        block = getattr(owner, name)
+        weight: BlockWeight = block.weight
+        count = float(layers)
+        if i == len(linears) - 1:  # the LM head
+            rows = min(LM_HEAD_ROWS, weight.shape[0])
+            count = weight.shape[0] / rows
+            weight = weight.rows(slice(0, rows))
+        pairs.append((BlockLinear(weight, native=True), Linear(weight.dequantize()), count, weight.shape[1]))
+    gen = torch.Generator().manual_seed(0)
+    speedups: dict[int, list[float]] = {rows: [] for rows in BATCHES}
+    for r in range(ROUNDS):
+        for rows in BATCHES:
+            times = {"gguf": 0.0, "fp32": 0.0}
+            for block, dense, count, width in pairs:
+                x = torch.randn(rows, width, generator=gen)
+                order = (("gguf", block), ("fp32", dense)) if r % 2 == 0 else (("fp32", dense), ("gguf", block))
+                for fmt, fn in order:
+                    times[fmt] += count * _seconds_per_call(fn, x)
+            speedups[rows].append(times["fp32"] / times["gguf"])
+    return speedups
+
+
+def _seconds_per_call(fn, x: torch.Tensor) -> float:
+    fn(x)  # warm
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn(x)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= MIN_CALL_S:
+            return elapsed / calls
+
+
+def _cache_file(config: EngineConfig, model_file: Path) -> Path:
+    """Where this machine's measurement for this model file, thread count and kernels choice is kept."""
+    size = model_file.stat().st_size if model_file.exists() else 0
+    key = hashlib.sha256(f"{MEASUREMENT}|{model_file.name}|{size}|{config.resolved_threads()}|{config.kernels}"
+                         .encode()).hexdigest()[:16]
+    return cache_directory() / "weight_format" / f"{key}.json"
