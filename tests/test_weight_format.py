@@ -210,7 +210,11 @@ def test_auto_measures_once_per_machine_and_keeps_the_choice(tmp_path, monkeypat
         first, second = (e.weight_choice for e in engines)
         assert first.format in ("fp32", "gguf") and first.reason.startswith("auto: measured here")
         assert set(first.speedups) == {1, 8, 32, 128} and all(len(s) == 2 for s in first.speedups.values())
-        assert second.to_dict() == first.to_dict() and json.loads(open(first.cache).read())["format"] == first.format
+        if first.cache is None:  # measured while the CPU was contended: not kept, so the second measured again
+            assert "contended" in first.reason and second.reason.startswith("auto: measured here")
+        else:
+            assert second.to_dict() == first.to_dict()
+            assert json.loads(open(first.cache).read())["format"] == first.format
         model = engines[0].model
         assert model.block_kernels == (first.format == "gguf")
         assert isinstance(model.lm_head, BlockLinear) == (first.format == "gguf")

@@ -22,12 +22,33 @@ static inline fvec loadf(const float* p) {
 
 static inline void storef(float* p, fvec v) { std::memcpy(p, &v, sizeof v); }
 
+// The sum of a vector's lanes by halving: each step adds the upper half onto the lower (a loop over a lane
+// array compiled to a branchy scalar loop, and the tile product takes eight sums per pass).
+typedef float f4vec __attribute__((vector_size(16)));
+
+static inline float hsum4(f4vec v) {
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2);
+  return v[0];
+}
+
+#if VEC >= 8
+typedef float f8vec __attribute__((vector_size(32)));
+
+static inline float hsum8(f8vec v) {
+  return hsum4(__builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7));
+}
+#endif
+
 static inline float hsum(fvec v) {
-  float lanes[VEC];
-  std::memcpy(lanes, &v, sizeof v);
-  for (int width = VEC / 2; width > 0; width /= 2)
-    for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
-  return lanes[0];
+#if VEC == 16
+  return hsum8(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+#elif VEC == 8
+  return hsum8(v);
+#else
+  return hsum4(v);
+#endif
 }
 
 static inline float half(const _Float16* p) { return static_cast<float>(*p); }
@@ -124,10 +145,14 @@ static void dequantize_row(const Weights& w, int64_t row, float* out) {
   }
 }
 
+// Weight rows per pass of the tile product: AVX-512's 32 vector registers hold 4 x 4 accumulators and their
+// operands (two activation loads per four products); AVX2's and the baseline's 16 hold 4 x 3 and three weights.
+constexpr int kRowsPerPass = VEC == 16 ? 4 : 3;
+
 // sums[a][j] = x row a . tile row j over k, for MI activation rows and RJ weight rows: MI x RJ accumulators,
 // each vector loaded once per pass and used RJ (activations) or MI (weights) times.
 template <int MI, int RJ>
-static inline void micro(const float* x, const float* tile, int64_t k, float sums[4][2]) {
+static inline void micro(const float* x, const float* tile, int64_t k, float sums[4][kRowsPerPass]) {
   fvec acc[MI][RJ] = {};
   for (int64_t c = 0; c < k; c += VEC) {
     fvec wv[RJ];
@@ -142,7 +167,7 @@ static inline void micro(const float* x, const float* tile, int64_t k, float sum
 }
 
 template <int RJ>
-static inline void micro_rows(int mi, const float* x, const float* tile, int64_t k, float sums[4][2]) {
+static inline void micro_rows(int mi, const float* x, const float* tile, int64_t k, float sums[4][kRowsPerPass]) {
   switch (mi) {
     case 4: micro<4, RJ>(x, tile, k, sums); break;
     case 3: micro<3, RJ>(x, tile, k, sums); break;
@@ -151,17 +176,27 @@ static inline void micro_rows(int mi, const float* x, const float* tile, int64_t
   }
 }
 
+// micro_rows<rj> for a run-time rj <= RJ (the last pass of a tile may hold fewer weight rows).
+template <int RJ>
+static inline void micro_pass(int rj, int mi, const float* x, const float* tile, int64_t k,
+                              float sums[4][kRowsPerPass]) {
+  if (rj == RJ) {
+    micro_rows<RJ>(mi, x, tile, k, sums);
+  } else if constexpr (RJ > 1) {
+    micro_pass<RJ - 1>(rj, mi, x, tile, k, sums);
+  }
+}
+
 // y[:, row0 + r] for every row of x [m, k] against `rows` dequantized W rows in tile ([rows, k], fp32), four
-// activation rows by two weight rows at a time.
+// activation rows by kRowsPerPass weight rows at a time.
 static void tile_product(const float* x, int64_t m, int64_t k, const float* tile, int64_t rows, const Weights& w,
                          int64_t row0, float* y, int64_t ldy) {
-  float sums[4][2];
+  float sums[4][kRowsPerPass];
   for (int64_t i = 0; i < m; i += 4) {
     const int mi = static_cast<int>(std::min<int64_t>(4, m - i));
-    for (int64_t r = 0; r < rows; r += 2) {
-      const int rj = static_cast<int>(std::min<int64_t>(2, rows - r));
-      if (rj == 2) micro_rows<2>(mi, x + i * k, tile + r * k, k, sums);
-      else micro_rows<1>(mi, x + i * k, tile + r * k, k, sums);
+    for (int64_t r = 0; r < rows; r += kRowsPerPass) {
+      const int rj = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r));
+      micro_pass<kRowsPerPass>(rj, mi, x + i * k, tile + r * k, k, sums);
       for (int a = 0; a < mi; ++a)
         for (int j = 0; j < rj; ++j) y[(i + a) * ldy + row0 + r + j] = sums[a][j] * w.scale_of(row0 + r + j);
     }
