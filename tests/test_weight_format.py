@@ -20,7 +20,8 @@ from infragent.engine.quant.blocks import KIND_CODES, BlockLinear, BlockWeight, 
 from infragent.engine.weight_choice import candidates, decide
 
 needs_kernels = pytest.mark.skipif(not build.available(), reason="the native kernels did not build here")
-SHAPES = [(37, 64, 1), (5, 32, 3), (129, 576, 1), (130, 96, 17), (1, 32, 64), (64, 1536, 33), (33, 64, 65)]
+SHAPES = [(37, 64, 1), (5, 32, 3), (129, 576, 1), (130, 96, 17), (1, 32, 64), (64, 1536, 33), (33, 64, 65),
+          (19, 96, 300)]  # (n, k, m): m activation rows; a prefill chunk runs the same kernel
 
 
 def random_weight(kind: str, n: int, k: int, seed: int) -> BlockWeight:
