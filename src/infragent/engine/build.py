@@ -3,6 +3,7 @@ cache sized from kv_cache_gb, the KDA state slots, the scheduler and the draft m
 from __future__ import annotations
 
 import ctypes
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -32,6 +33,9 @@ from infragent.engine.speculative.rollback import ReplayRollback, SnapshotRollba
 from infragent.engine.state_slots import StateSlots
 from infragent.engine.tokenizer import Tokenizer
 from infragent.engine.weight_choice import WeightChoice, candidates, choose
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,6 +122,7 @@ def _weight_choice(config: EngineConfig, model_file: Path, model: DecoderModel) 
                     model.shape.num_layers)
     if choice.format == "fp32":
         model.hold_fp32()
+    log.info("weight_format %s: %s", choice.format, choice.reason)
     return choice
 
 

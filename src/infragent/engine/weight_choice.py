@@ -94,7 +94,6 @@ def choose(config: EngineConfig, model_file: Path, linears: list[tuple[object, s
             path.write_text(json.dumps(choice.to_dict(), indent=1))
         except OSError as exc:
             log.warning("weight_format auto: could not keep the measurement in %s (%s)", path, exc)
-    log.info("weight_format auto: %s (%s)", choice.format, choice.reason)
     return choice
 
 
