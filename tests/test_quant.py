@@ -122,8 +122,9 @@ def test_config_names_the_bad_quantization_field():
 
 
 class _Engines:
-    """The real model, fp32 and with each KV dtype and weight quantization, built on first use: fp32 stays, and
-    of the others only the last one asked for (each holds its own copy of the weights, about 0.6 GB)."""
+    """The real model with fp32 weights (what quantization replaces), plain and with each KV dtype and weight
+    quantization, built on first use: plain stays, and of the others only the last one asked for (each holds
+    its own copy of the weights, about 0.6 GB)."""
 
     KNOBS = {"fp32": {}, "bf16": {"kv_cache_dtype": "bf16"}, "fp8": {"kv_cache_dtype": "fp8"},
              "int8": {"kv_cache_dtype": "int8"}, "w8a8": {"quantization": "w8a8"}}
@@ -139,7 +140,7 @@ class _Engines:
                 self.built.pop(other).close()
             gc.collect()
             self.built[name] = LLMEngine(EngineConfig(model="llama", kv_cache_gb=0.1, max_model_len=512,
-                                                      **self.KNOBS[name]))
+                                                      weight_format="fp32", **self.KNOBS[name]))
         return self.built[name]
 
     def release(self) -> None:
