@@ -1,8 +1,8 @@
 """KV cache storage for attention layers (paged or contiguous) and KDA recurrent-state storage."""
 from __future__ import annotations
 
-import mmap
 import math
+import mmap
 
 import torch
 
