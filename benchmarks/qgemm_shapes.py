@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -25,20 +23,11 @@ from test_weight_format import random_weight  # noqa: E402
 
 from infragent.engine.kernels import build  # noqa: E402
 from infragent.engine.quant.blocks import KIND_CODES  # noqa: E402
+from infragent.engine.weight_choice import seconds_per_call  # noqa: E402
 
 SHAPES = [("qkv", "q4_1", 960, 576, 30), ("o", "q4_1", 576, 576, 30), ("gate_up", "q4_1", 3072, 576, 30),
           ("down", "q4_1", 576, 1536, 30), ("lm_head", "q8_0", 49152, 576, 1)]  # name, kind, n, k, per forward
 MIN_S = 0.05  # each timing repeats a call for at least this long
-
-
-def seconds_per_call(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
-    """Mean seconds per call over at least MIN_S, after one warm call."""
-    fn(x)
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < MIN_S:
-        fn(x)
-        calls += 1
-    return (time.perf_counter() - start) / calls
 
 
 def main() -> None:
@@ -71,7 +60,7 @@ def main() -> None:
             times: dict[str, list[float]] = {"blocks": [], "fp32": []}
             for r in range(args.rounds):
                 for label, fn in (("blocks", blocks), ("fp32", fp32))[::1 if r % 2 == 0 else -1]:
-                    times[label].append(seconds_per_call(fn, x))
+                    times[label].append(seconds_per_call(fn, x, MIN_S))
             q, f = (statistics.median(times[k]) for k in ("blocks", "fp32"))
             total["blocks"] += count * q
             total["fp32"] += count * f

@@ -18,6 +18,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -140,19 +141,21 @@ def measure(linears: list[tuple[object, str]], layers: int) -> dict[int, list[fl
                 x = torch.randn(rows, width, generator=gen)
                 order = (("gguf", block), ("fp32", dense)) if r % 2 == 0 else (("fp32", dense), ("gguf", block))
                 for fmt, fn in order:
-                    times[fmt] += count * _seconds_per_call(fn, x)
+                    times[fmt] += count * seconds_per_call(fn, x)
             speedups[rows].append(times["fp32"] / times["gguf"])
     return speedups
 
 
-def _seconds_per_call(fn, x: torch.Tensor) -> float:
-    fn(x)  # warm
+def seconds_per_call(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                     min_s: float = MIN_CALL_S) -> float:
+    """Mean seconds per call of fn(x), repeated for at least min_s after one warm call."""
+    fn(x)
     calls, start = 0, time.perf_counter()
     while True:
         fn(x)
         calls += 1
         elapsed = time.perf_counter() - start
-        if elapsed >= MIN_CALL_S:
+        if elapsed >= min_s:
             return elapsed / calls
 
 
