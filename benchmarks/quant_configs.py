@@ -1,6 +1,7 @@
 """Quantized configurations of the real model side by side: decode and prefill tokens/s, memory, quality.
 
     PYTHONPATH=src .venv/bin/python benchmarks/quant_configs.py [--rounds 7] [--json out.json] [--no-quality]
+        [--only 'gguf,gguf-a8']   (fp32, the reference, always runs)
 
 Every configuration's engine is built once; each round times every configuration once, in a fresh random
 order (interleaved, so drifts of the machine hit all alike). Decode: 8 sequences of 32 random prompt tokens
@@ -25,7 +26,9 @@ from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.sampling import SamplingParams
 
 CONFIGS = {
-    "fp32": {},
+    "fp32": {"weight_format": "fp32"},
+    "gguf": {"weight_format": "gguf"},
+    "gguf-a8": {"weight_format": "gguf-a8"},
     "kv bf16": {"kv_cache_dtype": "bf16"},
     "kv fp8": {"kv_cache_dtype": "fp8"},
     "kv int8": {"kv_cache_dtype": "int8"},
@@ -75,8 +78,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", default=None)
     parser.add_argument("--no-quality", action="store_true")
+    parser.add_argument("--only", default=None, help="comma-separated config names (fp32 always runs)")
     args = parser.parse_args()
-    engines = {name: build(knobs) for name, knobs in CONFIGS.items()}
+    chosen = ["fp32", *args.only.split(",")] if args.only else list(CONFIGS)
+    unknown = [name for name in chosen if name not in CONFIGS]
+    if unknown:
+        parser.error(f"--only: unknown config(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)}")
+    engines = {name: build(CONFIGS[name]) for name in dict.fromkeys(chosen)}
     rng = random.Random(0)
     for engine in engines.values():  # warm-up: first-touch pages, allocator
         decode_tok_s(engine, rng), prefill_tok_s(engine, rng)
@@ -110,7 +118,7 @@ def main() -> None:
         from infragent.probes.quality import quality as run_quality
 
         print("\nquality vs fp32 (32 windows of 256 tokens, 64 prompts x 16 greedy tokens):")
-        reference = build({})
+        reference = build(CONFIGS["fp32"])
         for name, engine in engines.items():
             if name == "fp32":
                 continue
@@ -122,7 +130,7 @@ def main() -> None:
                   f" greedy agreement {n['greedy_agreement'].text()}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"configs": CONFIGS, "samples": samples, "memory": memory, "quality": quality}, f)
+            json.dump({"configs": {name: CONFIGS[name] for name in engines}, "samples": samples, "memory": memory, "quality": quality}, f)
 
 
 if __name__ == "__main__":

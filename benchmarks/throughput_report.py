@@ -25,7 +25,7 @@ def collect(rounds: list[dict], engine: str, key: str) -> list[float]:
 
 
 def variants(engines: list[str]) -> list[str]:
-    """The infragent engines of the run (fp32, gguf, gguf held to AVX2, int8)."""
+    """The infragent engines of the run (fp32, gguf, gguf-a8, either held to AVX2, int8)."""
     return [e for e in engines if e.startswith("infragent")]
 
 
@@ -77,19 +77,22 @@ def _verdict(summary_dict: dict | None, threshold: float, higher_is_better: bool
 
 
 def targets(summary: dict) -> list[dict]:
-    """The acceptance targets of the stored-weight engine (issue 25), each with its measured value and verdict."""
-    ratios = summary["ratios"]
-    rows = [("batch-1 decode gguf >= 1.3x llama.cpp", ratios.get("infragent-gguf/llamacpp", {}).get("c1"), 1.3, True),
-            ("c=32 gguf >= 2x transformers", ratios.get("infragent-gguf/transformers", {}).get("c32"), 2.0, True),
-            ("c=32 gguf (AVX2) >= 2x transformers", ratios.get("infragent-gguf-avx2/transformers", {}).get("c32"),
-             2.0, True),
-            ("prefill gguf not slower than fp32", ratios.get("infragent-gguf/infragent", {}).get("prefill"), 1.0, True),
-            ("prefill gguf (AVX2) not slower than fp32", ratios.get("infragent-gguf-avx2/infragent", {}).get("prefill"),
-             1.0, True)]
-    for key, what in (("rss_c1", "load, warm-up and c=1"), ("rss", "the whole run, c=32's KV included")):
-        rss = summary["table"].get("infragent-gguf", {}).get(key)
-        gb = {**rss, "center": _center(rss) / 1e9, "lo": rss["lo"] / 1e9, "hi": rss["hi"] / 1e9} if rss else None
-        rows.append((f"gguf peak RSS ({what}) <= 0.6 GB", gb, 0.6, False))
+    """The acceptance targets of the stored-weight engines (issue 25), each with its measured value and verdict:
+    for gguf (the model's own numbers) and gguf-a8 (int8 activations), whichever the run has."""
+    ratios, rows = summary["ratios"], []
+    for fmt in [f for f in ("gguf", "gguf-a8") if f"infragent-{f}" in summary["table"]]:
+        ours = f"infragent-{fmt}"
+        rows += [(f"batch-1 decode {fmt} >= 1.3x llama.cpp", ratios.get(f"{ours}/llamacpp", {}).get("c1"), 1.3, True),
+                 (f"c=32 {fmt} >= 2x transformers", ratios.get(f"{ours}/transformers", {}).get("c32"), 2.0, True),
+                 (f"c=32 {fmt} (AVX2) >= 2x transformers", ratios.get(f"{ours}-avx2/transformers", {}).get("c32"),
+                  2.0, True),
+                 (f"prefill {fmt} not slower than fp32", ratios.get(f"{ours}/infragent", {}).get("prefill"), 1.0, True),
+                 (f"prefill {fmt} (AVX2) not slower than fp32",
+                  ratios.get(f"{ours}-avx2/infragent", {}).get("prefill"), 1.0, True)]
+        for key, what in (("rss_c1", "load, warm-up and c=1"), ("rss", "the whole run, c=32's KV included")):
+            rss = summary["table"][ours].get(key)
+            gb = {**rss, "center": _center(rss) / 1e9, "lo": rss["lo"] / 1e9, "hi": rss["hi"] / 1e9} if rss else None
+            rows.append((f"{fmt} peak RSS ({what}) <= 0.6 GB", gb, 0.6, False))
     out = []
     for name, value, threshold, higher in rows:
         verdict, shown = _verdict(value, threshold, higher)

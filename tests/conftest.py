@@ -83,3 +83,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN0
     if raised:
         terminalreporter.write_line("the tests that raised the high-water mark last: " + "; ".join(
             f"{name} to {mark / 1e9:.2f} GB (+{by / 1e6:.0f} MB)" for name, mark, by in raised[-12:]))
+
+
+@pytest.fixture
+def isa_restored():
+    """Whatever instruction set a test chooses for the quantized-weight kernels, the next test starts from auto."""
+    yield
+    import torch
+
+    torch.ops.infragent.qgemm_set_isa("auto")

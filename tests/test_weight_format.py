@@ -44,13 +44,6 @@ def isas() -> list[str]:
     return ["avx512", "avx2", "generic"][2 - widest:]
 
 
-@pytest.fixture
-def isa_restored():
-    """Whatever a test chooses, the next one starts from auto."""
-    yield
-    torch.ops.infragent.qgemm_set_isa("auto")
-
-
 @needs_kernels
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0", "int8"])
 def test_the_kernels_equal_dequantize_then_matmul(kind: str, isa_restored) -> None:
@@ -128,7 +121,7 @@ def test_without_the_kernels_a_block_linear_dequantizes_and_agrees() -> None:
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"weight_format": "q4"}, "weight_format: 'q4'; choose one of auto, fp32, gguf, int8"),
+    ({"weight_format": "q4"}, "weight_format: 'q4'; choose one of auto, fp32, gguf, gguf-a8, int8"),
     ({"weight_format": "gguf", "model": "hybrid"}, "the hybrid model has no file"),
     ({"weight_format": "gguf", "quantization": "w8a8"}, "does not combine with quantization"),
     ({"weight_format": "int8", "dtype": "bfloat16"}, "does not combine with dtype"),

@@ -20,6 +20,7 @@ from infragent.engine.models.hybrid import hybrid_shape, init_hybrid
 from infragent.engine.models.llama import llama_shape, load_llama
 from infragent.engine.models.shape import ModelShape
 from infragent.engine.native_gemm import make_gemm
+from infragent.engine.options import BLOCK_FORMATS
 from infragent.engine.parallel.build import caches, shard_model, stage_model
 from infragent.engine.parallel.group import init_group
 from infragent.engine.parallel.pp_runner import PPModelRunner, start_stages
@@ -63,7 +64,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     gguf = read_gguf(config.gguf_path)  # header parsed once, shared by tokenizer and weights
     tokenizer = Tokenizer.from_reader(gguf)
     if config.model == "llama":
-        shape, weights = load_llama(gguf, blocks="gguf" in candidates(config))
+        shape, weights = load_llama(gguf, blocks=any(f in BLOCK_FORMATS for f in candidates(config)))
     else:
         shape, weights = init_hybrid(config.hybrid, tokenizer.vocab_size)
     world, stages = config.tensor_parallel_size, config.pipeline_parallel_size
@@ -93,6 +94,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
                            local.head_dim, config.torch_dtype, config.kv_layout, formats)
         kv_cache.kernels = model.kernels = use_native_kernels(config.kernels, config.torch_dtype, local.kernel_sizes())
         model.use_block_kernels(candidates(config) != ("fp32",) and use_block_kernels(config.kernels))
+        if config.weight_format == "gguf-a8":
+            model.use_int8_activations()
         kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
                                     local.kda_head_k_dim, local.kda_head_v_dim) if slots else None)
     weight_choice = _weight_choice(config, gguf.path, model)

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from infragent.engine.options import (DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES, KV_CACHE_DTYPES,  # noqa: F401
-                                      KV_LAYOUTS, MODELS, PARTIAL_PRECISIONS, QUANTIZATIONS, ROLLBACKS, SPECULATIVE,
-                                      TRANSFER_IMPLS, TRANSFER_MODES, WEIGHT_FORMATS, ConfigError)
+from infragent.engine.options import (BLOCK_FORMATS, DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES,  # noqa: F401
+                                      KV_CACHE_DTYPES, KV_LAYOUTS, MODELS, PARTIAL_PRECISIONS, QUANTIZATIONS,
+                                      ROLLBACKS, SPECULATIVE, TRANSFER_IMPLS, TRANSFER_MODES, WEIGHT_FORMATS,
+                                      ConfigError)
 
 
 def _knob(default: Any, flag: str, help: str, *aliases: str) -> Any:
@@ -82,9 +83,10 @@ class EngineConfig:
                                               "comma-separated (overrides --kv-cache-dtype), e.g. int8,int8,bf16.")
     weight_format: str = _knob("auto", "--weight-format", "How the weights are held: auto (of fp32 and gguf, "
                                "whichever runs this model's linears faster on this machine, measured once and "
-                               "kept), fp32 (the file's blocks dequantized at load), gguf (the file's Q4_1/Q8_0 blocks as stored, computed with "
-                               "fp32 activations: the same model) or int8 (one scale per output row: changes "
-                               "the numbers).")
+                               "kept), fp32 (the file's blocks dequantized at load), gguf (the file's Q4_1/Q8_0 "
+                               "blocks as stored, computed with fp32 activations: the same model), gguf-a8 (those "
+                               "blocks times activations quantized to int8 per 32 elements, as llama.cpp does: "
+                               "changes the numbers) or int8 (one scale per output row: changes the numbers).")
     quantization: str | None = _knob(None, "--quantization", "w8a8 (int8 weights and activations) or "
                                      "int8-weight: the projections (not the LM head).")
     smoothquant_alpha: float | None = _knob(None, "--smoothquant-alpha", "w8a8: SmoothQuant migration strength "
@@ -173,9 +175,9 @@ class EngineConfig:
             raise ConfigError(f"weight_format: {self.weight_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
         if self.weight_format in ("auto", "fp32"):  # auto falls back to fp32 where gguf does not apply
             return
-        if self.weight_format == "gguf" and self.model != "llama":
-            raise ConfigError(f"weight_format: gguf reads the model file's blocks; the {self.model} model has no "
-                              "file (random weights): use fp32 or int8")
+        if self.weight_format in BLOCK_FORMATS and self.model != "llama":
+            raise ConfigError(f"weight_format: {self.weight_format} reads the model file's blocks; the {self.model} "
+                              "model has no file (random weights): use fp32 or int8")
         clash = [name for name, on in (("quantization", self.quantization is not None), ("gemm", self.gemm != "torch"),
                                        ("dtype", self.dtype != "float32"),
                                        ("tensor_parallel_size", self.tensor_parallel_size > 1),

@@ -27,7 +27,7 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # no -fopenmp at link: torch's ow
 # The quantized-weight products pick their instruction set at run time (AVX-512, AVX2 or baseline, each
 # compiled in by a target pragma), so their library is built for the baseline CPU, not -march=native: the
 # AVX2 path must not pick up AVX-512 instructions on a machine that has them.
-QGEMM_SOURCES = [HERE / "qgemm.cpp"]
+QGEMM_SOURCES = [HERE / "qgemm.cpp", HERE / "qgemm_a8.cpp"]
 QGEMM_CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,12 @@
 
 #include <immintrin.h>
 
+#include "isa.h"
+
 namespace {
+
+using infragent_isa::Isa;
+using infragent_isa::isa;
 
 enum class Kind : int64_t { Q4_1 = 0, Q8_0 = 1, I8 = 2 };
 
@@ -90,41 +95,6 @@ static inline fvec s8_to_f(const int8_t* p) {
 #include "qgemm_impl.h"
 #undef VEC
 }  // namespace generic
-
-enum class Isa : int { Unset = -1, Generic = 0, Avx2 = 1, Avx512 = 2 };
-const char* kIsaNames[] = {"generic", "avx2", "avx512"};
-std::atomic<int> chosen{static_cast<int>(Isa::Unset)};
-
-Isa widest() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    return Isa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::Avx2;
-  return Isa::Generic;
-}
-
-Isa parse(const std::string& name) {
-  const Isa best = widest();
-  if (name.empty() || name == "auto") return best;
-  for (int i = 0; i < 3; ++i)
-    if (name == kIsaNames[i]) {
-      TORCH_CHECK(i <= static_cast<int>(best), "INFRAGENT_ISA=", name, ": this CPU's widest is ",
-                  kIsaNames[static_cast<int>(best)], "; use auto or a narrower one");
-      return static_cast<Isa>(i);
-    }
-  TORCH_CHECK(false, "INFRAGENT_ISA=", name, ": choose auto, avx512, avx2 or generic");
-}
-
-Isa isa() {
-  int now = chosen.load();
-  if (now == static_cast<int>(Isa::Unset)) {
-    const char* env = std::getenv("INFRAGENT_ISA");
-    now = static_cast<int>(parse(env != nullptr ? env : ""));
-    chosen.store(now);
-  }
-  return static_cast<Isa>(now);
-}
 
 template <typename W>
 W weights(const at::Tensor& qs, const std::optional<at::Tensor>& d, const std::optional<at::Tensor>& mins,
@@ -193,9 +163,9 @@ at::Tensor qdequantize(const at::Tensor& qs, const std::optional<at::Tensor>& d,
   return out;
 }
 
-std::string qgemm_isa() { return kIsaNames[static_cast<int>(isa())]; }
+std::string qgemm_isa() { return infragent_isa::kIsaNames[static_cast<int>(isa())]; }
 
-void qgemm_set_isa(const std::string& name) { chosen.store(static_cast<int>(parse(name))); }
+void qgemm_set_isa(const std::string& name) { infragent_isa::choose(name); }
 
 }  // namespace
 

@@ -11,6 +11,7 @@ from infragent.engine.models.kda_layer import KDA
 from infragent.engine.models.layers import Attention, GatedMLP, Rotary, Weight, linear, rms_norm
 from infragent.engine.models.shape import ModelShape
 from infragent.engine.quant.blocks import BlockLinear, BlockWeight
+from infragent.engine.quant.blocks_a8 import A8_KINDS, BlockLinearA8
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
 
@@ -75,8 +76,16 @@ class DecoderModel:
         """Run the stored-block weights (embedding lookup, projections, LM head) through the native kernels."""
         self.block_kernels = native
         for owner, name in self.linears():
-            if isinstance(getattr(owner, name), BlockLinear):
+            if isinstance(getattr(owner, name), (BlockLinear, BlockLinearA8)):
                 getattr(owner, name).native = native
+
+    def use_int8_activations(self) -> None:
+        """Run every Q4_1/Q8_0 linear with its activations quantized to int8 per block (weight_format gguf-a8);
+        the embedding lookup still reads the stored blocks."""
+        for owner, name in self.linears():
+            block = getattr(owner, name)
+            if isinstance(block, BlockLinear) and block.weight.kind in A8_KINDS:
+                setattr(owner, name, BlockLinearA8(block.weight, native=block.native))
 
     def hold_fp32(self) -> None:
         """Dequantize stored-block weights in place: the model then holds what weight_format fp32 loads (a

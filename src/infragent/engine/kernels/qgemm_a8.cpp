@@ -1,0 +1,420 @@
+// Products of GGUF blocks (Q4_1, Q8_0) with int8 activations, as llama.cpp computes them: each activation
+// row is quantized per 32-element block (scale max|x| / 127, round to nearest even), the block products are
+// exact integer sums, and each is scaled into an fp32 accumulator. Registered as torch.ops.infragent.*:
+//
+// qpack_a8(qs, d, mins, kind) -> (packed, pd, pm)   the weight regrouped for the product below (once, at load)
+// qlinear_a8(x [m, k], packed, pd, pm, row_scale, kind, n) -> y [m, n]
+// qa8_isa() -> the path in use: "avx512-vnni", "avx2" or "generic" (follows qgemm_set_isa / $INFRAGENT_ISA)
+//
+// The packed layout puts 16 weight rows side by side, so one vector instruction multiplies four activations
+// into all 16 rows at once and each block's scale is applied to a whole vector of rows. Rows are grouped by
+// 16 (G = ceil(n / 16) groups, the last padded with zero weights), and within a group block by block:
+//   Q4_1: 4 units of 64 bytes per block. Unit u, byte 32h + 4r + i is the stored byte 4u + i of row 8h + r:
+//         its low nibble is element 4u + i, its high nibble element 16 + 4u + i (the file's own bytes).
+//   Q8_0: 8 units per block. Unit c, byte 32h + 4r + i is element 4c + i of row 8h + r, plus 128 (as uint8).
+//   pd, pm: the block scales and mins as fp16 [G, blocks, 16], one per row of the group.
+// As int32 lanes, a unit's 16 lanes are the group's 16 rows (AVX-512), or two halves of 8 (AVX2).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+
+#include <immintrin.h>
+
+#include "isa.h"
+
+namespace {
+
+constexpr int64_t kGroup = 16;  // weight rows side by side
+constexpr int kQ4 = 0, kQ8 = 1;  // the `kind` codes of qgemm.cpp
+
+// The packed weight: nb blocks per row, `units` 64-byte units per block, G groups.
+struct Packed {
+  int kind;
+  int64_t n, k, nb, groups;
+  const uint8_t* w;        // [G, nb, units, 64]
+  const _Float16* d;       // [G, nb, 16]
+  const _Float16* m;       // [G, nb, 16] (Q4_1)
+  const float* row_scale;  // [n] or null
+  int64_t units() const { return kind == kQ4 ? 4 : 8; }
+  const uint8_t* block(int64_t g, int64_t b) const { return w + (g * nb + b) * units() * 64; }
+};
+
+// One batch of activations, quantized: xq [m, k] int8, and per row and block the scale xd, the sum of the
+// fp32 activations xs (Q4_1's mins multiply it) and the sum of the int8 ones xqs (Q8_0's +128 offset does).
+struct Acts {
+  int64_t m, k, nb;
+  const int8_t* xq;
+  const float* xd;
+  const float* xs;
+  const int32_t* xqs;
+};
+
+// Where each of a block's weight vectors takes its four activations from: Q4_1's unit u holds elements
+// 4u..4u+3 (low nibbles, vector 2u) and 16+4u.. (high nibbles, vector 2u+1); Q8_0's vector c, elements 4c...
+inline int act_offset(int kind, int v) { return kind == kQ4 ? (v & 1) * 16 + 4 * (v >> 1) : 4 * v; }
+
+inline int32_t dword(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// --- quantizing the activations: the same rounding on every path, so every path sees the same integers ---
+
+inline void quantize_block_scalar(const float* x, int8_t* q, float* d, float* s, int32_t* qs) {
+  float amax = 0, sum = 0;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j])), sum += x[j];
+  const float id = amax > 0 ? 127.0f / amax : 0.0f;
+  int32_t qsum = 0;
+  for (int j = 0; j < 32; ++j) {
+    q[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+    qsum += q[j];
+  }
+  *d = amax / 127.0f, *s = sum, *qs = qsum;
+}
+
+namespace vnni {
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
+
+inline void quantize_block(const float* x, int8_t* q, float* d, float* s, int32_t* qs) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
+  *d = amax / 127.0f;
+  *s = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+  *qs = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+}
+
+// y rows a0..a0+A-1, group g: 16 rows per vector, four activations per vpdpbusd.
+template <int Kind, int A>
+void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
+  __m512 acc[A];
+  for (int a = 0; a < A; ++a) acc[a] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(15);
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const uint8_t* unit = w.block(g, b);
+    __m512i wv[8];
+    if (Kind == kQ4) {
+      for (int u = 0; u < 4; ++u) {
+        const __m512i v = _mm512_loadu_si512(unit + 64 * u);
+        wv[2 * u] = _mm512_and_si512(v, low);
+        wv[2 * u + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    } else {
+      for (int c = 0; c < 8; ++c) wv[c] = _mm512_loadu_si512(unit + 64 * c);
+    }
+    const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + (g * w.nb + b) * 16)));
+    __m512 wm = _mm512_setzero_ps();
+    if (Kind == kQ4) wm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + (g * w.nb + b) * 16)));
+    for (int a = 0; a < A; ++a) {
+      const int64_t row = a0 + a;
+      const int8_t* xb = x.xq + row * x.k + b * 32;
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int v = 0; v < 8; v += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, wv[v], _mm512_set1_epi32(dword(xb + act_offset(Kind, v))));
+        s1 = _mm512_dpbusd_epi32(s1, wv[v + 1], _mm512_set1_epi32(dword(xb + act_offset(Kind, v + 1))));
+      }
+      __m512i s = _mm512_add_epi32(s0, s1);
+      if (Kind == kQ8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * x.xqs[row * x.nb + b]));
+      acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x.xd[row * x.nb + b])), acc[a]);
+      if (Kind == kQ4) acc[a] = _mm512_fmadd_ps(wm, _mm512_set1_ps(x.xs[row * x.nb + b]), acc[a]);
+    }
+  }
+  const int64_t row0 = g * kGroup;
+  const __mmask16 keep = static_cast<__mmask16>(row0 + kGroup <= w.n ? 0xFFFF : (1u << (w.n - row0)) - 1);
+  const __m512 scale = w.row_scale != nullptr ? _mm512_maskz_loadu_ps(keep, w.row_scale + row0) : _mm512_set1_ps(1.0f);
+  for (int a = 0; a < A; ++a) _mm512_mask_storeu_ps(y + (a0 + a) * w.n + row0, keep, _mm512_mul_ps(acc[a], scale));
+}
+
+#pragma GCC pop_options
+}  // namespace vnni
+
+namespace avx2 {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+inline float hmax8(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+inline int32_t hsum8i(__m256i v) {
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1)));
+}
+
+inline void quantize_block(const float* x, int8_t* q, float* d, float* s, int32_t* qs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], mx = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + 8 * j), mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+  const float amax = hmax8(mx);
+  const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  __m256i qi[4];
+  for (int j = 0; j < 4; ++j) qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+  // packs interleave 128-bit lanes; the permute puts the 32 bytes back in element order
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  *d = amax / 127.0f;
+  *s = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
+  *qs = hsum8i(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+}
+
+// Four u8 x s8 products per int32 lane, added to acc (maddubs pairs, then madd by ones sums the pairs).
+inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+// As vnni::group_tile with 8 rows per vector: the group's two halves in turn. Q8_0's stored w + 128 would
+// overflow maddubs's int16 pairs, so it runs as |w| times x with w's sign (at most 2 * 128 * 127).
+template <int Kind, int A>
+void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
+  const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[A];
+    for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < w.nb; ++b) {
+      const uint8_t* unit = w.block(g, b) + 32 * h;
+      __m256i wv[8];
+      if (Kind == kQ4) {
+        for (int u = 0; u < 4; ++u) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 * u));
+          wv[2 * u] = _mm256_and_si256(v, low);
+          wv[2 * u + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+      } else {
+        for (int c = 0; c < 8; ++c)
+          wv[c] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 * c)), flip);
+      }
+      const int64_t at = (g * w.nb + b) * 16 + 8 * h;
+      const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + at)));
+      __m256 wm = _mm256_setzero_ps();
+      if (Kind == kQ4) wm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + at)));
+      for (int a = 0; a < A; ++a) {
+        const int64_t row = a0 + a;
+        const int8_t* xb = x.xq + row * x.k + b * 32;
+        __m256i s = _mm256_setzero_si256();
+        if (Kind == kQ4) {  // nibbles: eight maddubs pairs (each at most 2 * 15 * 127) fit one int16 sum
+          __m256i pairs = _mm256_setzero_si256();
+          for (int v = 0; v < 8; ++v)
+            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(wv[v], _mm256_set1_epi32(dword(xb + act_offset(Kind, v)))));
+          s = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+        } else {
+          for (int v = 0; v < 8; ++v) {
+            const __m256i xv = _mm256_set1_epi32(dword(xb + act_offset(Kind, v)));
+            s = dot4(s, _mm256_abs_epi8(wv[v]), _mm256_sign_epi8(xv, wv[v]));
+          }
+        }
+        acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wd, _mm256_set1_ps(x.xd[row * x.nb + b])), acc[a]);
+        if (Kind == kQ4) acc[a] = _mm256_fmadd_ps(wm, _mm256_set1_ps(x.xs[row * x.nb + b]), acc[a]);
+      }
+    }
+    const int64_t row0 = g * kGroup + 8 * h;
+    for (int a = 0; a < A; ++a) {
+      float out[8];
+      _mm256_storeu_ps(out, acc[a]);
+      for (int r = 0; r < 8 && row0 + r < w.n; ++r)
+        y[(a0 + a) * w.n + row0 + r] = out[r] * (w.row_scale != nullptr ? w.row_scale[row0 + r] : 1.0f);
+    }
+  }
+}
+
+#pragma GCC pop_options
+}  // namespace avx2
+
+namespace generic {
+
+// The reference: the same integers and the same per-block scaling, one row and one lane at a time.
+template <int Kind, int A>
+void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
+  for (int a = 0; a < A; ++a) {
+    const int64_t row = a0 + a;
+    for (int lane = 0; lane < kGroup && g * kGroup + lane < w.n; ++lane) {
+      const int h = lane / 8, r = lane % 8;
+      float acc = 0;
+      for (int64_t b = 0; b < w.nb; ++b) {
+        const uint8_t* unit = w.block(g, b);
+        const int8_t* xb = x.xq + row * x.k + b * 32;
+        int32_t s = 0;
+        for (int v = 0; v < 8; ++v)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = Kind == kQ4 ? unit[64 * (v / 2) + 32 * h + 4 * r + i] : unit[64 * v + 32 * h + 4 * r + i];
+            const int32_t q = Kind == kQ4 ? (v & 1 ? byte >> 4 : byte & 15) : static_cast<int32_t>(byte) - 128;
+            s += q * xb[act_offset(Kind, v) + i];
+          }
+        const int64_t at = (g * w.nb + b) * 16 + lane;
+        acc += static_cast<float>(s) * (static_cast<float>(w.d[at]) * x.xd[row * x.nb + b]);
+        if (Kind == kQ4) acc += static_cast<float>(w.m[at]) * x.xs[row * x.nb + b];
+      }
+      const int64_t out = g * kGroup + lane;
+      y[row * w.n + out] = acc * (w.row_scale != nullptr ? w.row_scale[out] : 1.0f);
+    }
+  }
+}
+
+}  // namespace generic
+
+enum class Path { Generic, Avx2, Vnni };
+const char* kPathNames[] = {"generic", "avx2", "avx512-vnni"};
+
+Path path() {
+  using infragent_isa::Isa;
+  const Isa chosen = infragent_isa::isa();
+  if (chosen == Isa::Avx512 && infragent_isa::has_vnni()) return Path::Vnni;
+  return chosen == Isa::Generic ? Path::Generic : Path::Avx2;  // AVX-512 without VNNI runs the AVX2 path
+}
+
+void quantize_rows(const float* x, int64_t m, int64_t k, int8_t* xq, float* xd, float* xs, int32_t* xqs, Path p) {
+  const int64_t nb = k / 32;
+  at::parallel_for(0, m, std::max<int64_t>(1, 16384 / k), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t i = r * nb + b;
+        const float* xb = x + r * k + b * 32;
+        int8_t* qb = xq + r * k + b * 32;
+        if (p == Path::Vnni) vnni::quantize_block(xb, qb, xd + i, xs + i, xqs + i);
+        else if (p == Path::Avx2) avx2::quantize_block(xb, qb, xd + i, xs + i, xqs + i);
+        else quantize_block_scalar(xb, qb, xd + i, xs + i, xqs + i);
+      }
+  });
+}
+
+// Rows of x per tile: each group's weights are unpacked once per block and used for this many rows.
+constexpr int kTile = 4;
+
+template <int Kind>
+void run_group(Path p, const Packed& w, const Acts& x, int64_t g, float* y) {
+  int64_t a = 0;
+  for (; a + kTile <= x.m; a += kTile) {
+    if (p == Path::Vnni) vnni::group_tile<Kind, kTile>(w, x, g, a, y);
+    else if (p == Path::Avx2) avx2::group_tile<Kind, kTile>(w, x, g, a, y);
+    else generic::group_tile<Kind, kTile>(w, x, g, a, y);
+  }
+  for (; a < x.m; ++a) {
+    if (p == Path::Vnni) vnni::group_tile<Kind, 1>(w, x, g, a, y);
+    else if (p == Path::Avx2) avx2::group_tile<Kind, 1>(w, x, g, a, y);
+    else generic::group_tile<Kind, 1>(w, x, g, a, y);
+  }
+}
+
+Packed packed_of(const at::Tensor& packed, const at::Tensor& d, const at::Tensor& m, const std::optional<at::Tensor>& row_scale,
+                 int64_t kind, int64_t n) {
+  TORCH_CHECK(kind == kQ4 || kind == kQ8, "kind ", kind, ": 0 (Q4_1) or 1 (Q8_0)");
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous() && packed.scalar_type() == at::kByte && packed.size(3) == 64 &&
+                  packed.size(2) == (kind == kQ4 ? 4 : 8),
+              "packed must be qpack_a8's uint8 [groups, blocks, units, 64]");
+  const int64_t groups = packed.size(0), nb = packed.size(1);
+  TORCH_CHECK(n > (groups - 1) * kGroup && n <= groups * kGroup, "n ", n, " does not fit ", groups, " groups of 16 rows");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() == groups * nb * kGroup, "pd must be fp16 [G, blocks, 16]");
+  Packed w{static_cast<int>(kind), n, nb * 32, nb, groups, packed.data_ptr<uint8_t>(),
+           reinterpret_cast<const _Float16*>(d.data_ptr()), nullptr, nullptr};
+  if (kind == kQ4) {
+    TORCH_CHECK(m.scalar_type() == at::kHalf && m.is_contiguous() && m.numel() == groups * nb * kGroup, "pm must be fp16 [G, blocks, 16]");
+    w.m = reinterpret_cast<const _Float16*>(m.data_ptr());
+  }
+  if (row_scale.has_value()) {
+    TORCH_CHECK(row_scale->scalar_type() == at::kFloat && row_scale->is_contiguous() && row_scale->numel() == n,
+                "row_scale must be contiguous fp32 [n]");
+    w.row_scale = row_scale->data_ptr<float>();
+  }
+  return w;
+}
+
+at::Tensor qlinear_a8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& d, const at::Tensor& m,
+                      const std::optional<at::Tensor>& row_scale, int64_t kind, int64_t n) {
+  const Packed w = packed_of(packed, d, m, row_scale, kind, n);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous fp32 [m, k]");
+  TORCH_CHECK(x.size(1) == w.k, "x has ", x.size(1), " columns; the weight's rows have ", w.k);
+  const int64_t rows = x.size(0);
+  auto y = at::empty({rows, n}, x.options());
+  if (rows == 0) return y;
+  const Path p = path();
+  auto xq = at::empty({rows, w.k}, x.options().dtype(at::kChar));
+  auto xd = at::empty({rows, w.nb}, x.options()), xs = at::empty({rows, w.nb}, x.options());
+  auto xqs = at::empty({rows, w.nb}, x.options().dtype(at::kInt));
+  quantize_rows(x.data_ptr<float>(), rows, w.k, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(),
+                xqs.data_ptr<int32_t>(), p);
+  const Acts acts{rows, w.k, w.nb, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), xqs.data_ptr<int32_t>()};
+  float* yp = y.data_ptr<float>();
+  // a task is at least ~32k multiply-adds per row of x: smaller products are not worth a second thread
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (kGroup * w.k * std::min<int64_t>(rows, 8)));
+  at::parallel_for(0, w.groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      if (kind == kQ4) run_group<kQ4>(p, w, acts, g, yp);
+      else run_group<kQ8>(p, w, acts, g, yp);
+    }
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qpack_a8(const at::Tensor& qs, const at::Tensor& d,
+                                                        const std::optional<at::Tensor>& mins, int64_t kind) {
+  TORCH_CHECK(kind == kQ4 || kind == kQ8, "kind ", kind, ": 0 (Q4_1) or 1 (Q8_0)");
+  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.element_size() == 1, "qs must be contiguous 1-byte [n, bytes]");
+  const int64_t n = qs.size(0), k = kind == kQ4 ? qs.size(1) * 2 : qs.size(1), nb = k / 32;
+  TORCH_CHECK(k % 32 == 0, "row length ", k, " must be a multiple of 32 (one block)");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.numel() == n * nb, "d must be contiguous fp16 [n, k / 32]");
+  TORCH_CHECK(kind != kQ4 || (mins.has_value() && mins->scalar_type() == at::kHalf && mins->is_contiguous() &&
+                              mins->numel() == n * nb),
+              "mins must be contiguous fp16 [n, k / 32]");
+  const int64_t groups = (n + kGroup - 1) / kGroup, units = kind == kQ4 ? 4 : 8;
+  auto opts = qs.options().dtype(at::kByte);
+  // padding rows are zero weights: Q4_1 d = m = 0; Q8_0 stores 128 (w = 0)
+  auto packed = kind == kQ4 ? at::zeros({groups, nb, units, 64}, opts) : at::full({groups, nb, units, 64}, 128, opts);
+  auto pd = at::zeros({groups, nb, kGroup}, d.options());
+  auto pm = kind == kQ4 ? at::zeros({groups, nb, kGroup}, d.options()) : at::empty({0}, d.options());
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(qs.data_ptr());
+  const uint16_t* ds = reinterpret_cast<const uint16_t*>(d.data_ptr());
+  const uint16_t* ms = kind == kQ4 ? reinterpret_cast<const uint16_t*>(mins->data_ptr()) : nullptr;
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  uint16_t* pdp = reinterpret_cast<uint16_t*>(pd.data_ptr());
+  uint16_t* pmp = kind == kQ4 ? reinterpret_cast<uint16_t*>(pm.data_ptr()) : nullptr;
+  const int64_t row_bytes = qs.size(1), block_bytes = kind == kQ4 ? 16 : 32;
+  for (int64_t row = 0; row < n; ++row) {
+    const int64_t g = row / kGroup, lane = row % kGroup, h = lane / 8, r = lane % 8;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* from = src + row * row_bytes + b * block_bytes;
+      uint8_t* to = dst + (g * nb + b) * units * 64 + 32 * h + 4 * r;
+      for (int64_t u = 0; u < units; ++u)
+        for (int i = 0; i < 4; ++i) to[64 * u + i] = kind == kQ4 ? from[4 * u + i] : static_cast<uint8_t>(from[4 * u + i] ^ 0x80);
+      pdp[(g * nb + b) * kGroup + lane] = ds[row * nb + b];
+      if (pmp != nullptr) pmp[(g * nb + b) * kGroup + lane] = ms[row * nb + b];
+    }
+  }
+  return {packed, pd, pm};
+}
+
+std::string qa8_isa() { return kPathNames[static_cast<int>(path())]; }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(infragent, m) {
+  m.def("qpack_a8(Tensor qs, Tensor d, Tensor? mins, int kind) -> (Tensor, Tensor, Tensor)");
+  m.def("qlinear_a8(Tensor x, Tensor packed, Tensor pd, Tensor pm, Tensor? row_scale, int kind, int n) -> Tensor");
+  m.def("qa8_isa() -> str", qa8_isa);
+}
+
+TORCH_LIBRARY_IMPL(infragent, CPU, m) {
+  m.impl("qpack_a8", qpack_a8);
+  m.impl("qlinear_a8", qlinear_a8);
+}
