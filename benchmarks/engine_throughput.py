@@ -1,5 +1,6 @@
-"""Engine throughput benchmark: infragent (weights fp32; as the file's gguf blocks with fp32 or int8 (gguf-a8)
-activations, each also held to AVX2; int8) vs transformers vs llama.cpp on SmolLM2-135M, plus the roofline.
+"""Engine throughput benchmark: infragent (weights fp32; as the file's gguf blocks with fp32 activations or
+activations as two or one int8 digits (gguf-a16, gguf-a8), each also held to AVX2; int8) vs transformers vs
+llama.cpp on SmolLM2-135M, plus the roofline.
 
 Each engine runs in its own fresh subprocess per round (rounds interleave engines), so peak RSS is
 per engine. Usage:
@@ -26,8 +27,8 @@ sys.path.insert(0, str(HERE))
 from bench_prompts import encode_corpus, make_windows, round_spec  # noqa: E402
 from throughput_report import format_report, summarize  # noqa: E402
 
-ENGINES = ("infragent", "infragent-gguf", "infragent-gguf-avx2", "infragent-gguf-a8", "infragent-gguf-a8-avx2",
-           "infragent-int8", "transformers", "llamacpp")
+ENGINES = ("infragent", "infragent-gguf", "infragent-gguf-avx2", "infragent-gguf-a16", "infragent-gguf-a16-avx2",
+           "infragent-gguf-a8", "infragent-gguf-a8-avx2", "infragent-int8", "transformers", "llamacpp")
 IMPORT_NAME = {"transformers": "transformers", "llamacpp": "llama_cpp"}  # the rest: infragent
 CONCURRENCY = {"c1": 1, "c8": 8, "c32": 32}
 

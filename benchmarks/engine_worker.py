@@ -33,7 +33,8 @@ def run_infragent(spec: dict, weight_format: str = "fp32") -> dict:
     if weight_format != "fp32":
         import torch
 
-        kernels = torch.ops.infragent.qa8_isa() if weight_format == "gguf-a8" else torch.ops.infragent.qgemm_isa()
+        kernels = torch.ops.infragent.qa8_isa() if weight_format in ("gguf-a16", "gguf-a8") else \
+            torch.ops.infragent.qgemm_isa()
         result["isa"] = kernels if llm.engine.model.block_kernels else "torch"
     result["weight_choice"] = llm.engine.weight_choice.to_dict()
     peaks = {"load": _peak_rss_bytes()}  # the high-water mark after each phase: KV is resident as it is used
@@ -148,6 +149,7 @@ def run_llamacpp(spec: dict) -> dict:
 
 
 RUNNERS = {"infragent": run_infragent, "infragent-gguf": lambda spec: run_infragent(spec, "gguf"),
+           "infragent-gguf-a16": lambda spec: run_infragent(spec, "gguf-a16"),
            "infragent-gguf-a8": lambda spec: run_infragent(spec, "gguf-a8"),
            "infragent-int8": lambda spec: run_infragent(spec, "int8"),
            "transformers": run_transformers, "llamacpp": run_llamacpp}

@@ -28,6 +28,7 @@ from infragent.engine.sampling import SamplingParams
 CONFIGS = {
     "fp32": {"weight_format": "fp32"},
     "gguf": {"weight_format": "gguf"},
+    "gguf-a16": {"weight_format": "gguf-a16"},
     "gguf-a8": {"weight_format": "gguf-a8"},
     "kv bf16": {"kv_cache_dtype": "bf16"},
     "kv fp8": {"kv_cache_dtype": "fp8"},

@@ -25,7 +25,7 @@ def collect(rounds: list[dict], engine: str, key: str) -> list[float]:
 
 
 def variants(engines: list[str]) -> list[str]:
-    """The infragent engines of the run (fp32, gguf, gguf-a8, either held to AVX2, int8)."""
+    """The infragent engines of the run (fp32, gguf, gguf-a16, gguf-a8, each held to AVX2 too, int8)."""
     return [e for e in engines if e.startswith("infragent")]
 
 
@@ -78,9 +78,10 @@ def _verdict(summary_dict: dict | None, threshold: float, higher_is_better: bool
 
 def targets(summary: dict) -> list[dict]:
     """The acceptance targets of the stored-weight engines (issue 25), each with its measured value and verdict:
-    for gguf (the model's own numbers) and gguf-a8 (int8 activations), whichever the run has."""
+    for gguf (the model's own numbers), gguf-a16 and gguf-a8 (activations as int8 digits), whichever the run
+    has."""
     ratios, rows = summary["ratios"], []
-    for fmt in [f for f in ("gguf", "gguf-a8") if f"infragent-{f}" in summary["table"]]:
+    for fmt in [f for f in ("gguf", "gguf-a16", "gguf-a8") if f"infragent-{f}" in summary["table"]]:
         ours = f"infragent-{fmt}"
         rows += [(f"batch-1 decode {fmt} >= 1.3x llama.cpp", ratios.get(f"{ours}/llamacpp", {}).get("c1"), 1.3, True),
                  (f"c=32 {fmt} >= 2x transformers", ratios.get(f"{ours}/transformers", {}).get("c32"), 2.0, True),

@@ -121,7 +121,7 @@ def test_without_the_kernels_a_block_linear_dequantizes_and_agrees() -> None:
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"weight_format": "q4"}, "weight_format: 'q4'; choose one of auto, fp32, gguf, gguf-a8, int8"),
+    ({"weight_format": "q4"}, "weight_format: 'q4'; choose one of auto, fp32, gguf, gguf-a16, gguf-a8, int8"),
     ({"weight_format": "gguf", "model": "hybrid"}, "the hybrid model has no file"),
     ({"weight_format": "gguf", "quantization": "w8a8"}, "does not combine with quantization"),
     ({"weight_format": "int8", "dtype": "bfloat16"}, "does not combine with dtype"),

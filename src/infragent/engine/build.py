@@ -26,6 +26,7 @@ from infragent.engine.parallel.group import init_group
 from infragent.engine.parallel.pp_runner import PPModelRunner, start_stages
 from infragent.engine.parallel.tp_runner import TPModelRunner, start_workers
 from infragent.engine.quant.apply import quantize_projections, store_int8
+from infragent.engine.quant.blocks_a8 import DIGITS
 from infragent.engine.quant.smoothquant import input_ranges, smoothing_factors
 from infragent.engine.runner import ModelRunner
 from infragent.engine.scheduler import Scheduler
@@ -94,8 +95,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
                            local.head_dim, config.torch_dtype, config.kv_layout, formats)
         kv_cache.kernels = model.kernels = use_native_kernels(config.kernels, config.torch_dtype, local.kernel_sizes())
         model.use_block_kernels(candidates(config) != ("fp32",) and use_block_kernels(config.kernels))
-        if config.weight_format == "gguf-a8":
-            model.use_int8_activations()
+        if config.weight_format in DIGITS:
+            model.use_int8_activations(DIGITS[config.weight_format])
         kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
                                     local.kda_head_k_dim, local.kda_head_v_dim) if slots else None)
     weight_choice = _weight_choice(config, gguf.path, model)

@@ -84,9 +84,11 @@ class EngineConfig:
     weight_format: str = _knob("auto", "--weight-format", "How the weights are held: auto (of fp32 and gguf, "
                                "whichever runs this model's linears faster on this machine, measured once and "
                                "kept), fp32 (the file's blocks dequantized at load), gguf (the file's Q4_1/Q8_0 "
-                               "blocks as stored, computed with fp32 activations: the same model), gguf-a8 (those "
-                               "blocks times activations quantized to int8 per 32 elements, as llama.cpp does: "
-                               "changes the numbers) or int8 (one scale per output row: changes the numbers).")
+                               "blocks as stored, computed with fp32 activations: the same model), gguf-a16 (those "
+                               "blocks times activations held as two int8 digits per 32 elements: integer "
+                               "products, within 1/32512 of each block's largest activation), gguf-a8 (one int8 "
+                               "digit, as llama.cpp does: changes the numbers) or int8 (one scale per output row: "
+                               "changes the numbers).")
     quantization: str | None = _knob(None, "--quantization", "w8a8 (int8 weights and activations) or "
                                      "int8-weight: the projections (not the LM head).")
     smoothquant_alpha: float | None = _knob(None, "--smoothquant-alpha", "w8a8: SmoothQuant migration strength "

@@ -1,9 +1,12 @@
 // Products of GGUF blocks (Q4_1, Q8_0) with int8 activations, as llama.cpp computes them: each activation
 // row is quantized per 32-element block (scale max|x| / 127, round to nearest even), the block products are
-// exact integer sums, and each is scaled into an fp32 accumulator. Registered as torch.ops.infragent.*:
+// exact integer sums, and each is scaled into an fp32 accumulator. With two digits, the rounding remainder
+// (within half a step) is quantized again, in steps of 1/128 of the first: x = xd (q1 + q2 / 128) to within
+// max|x| / 32512, and the block sum is 128 (w . q1) + (w . q2), still exact in int32. Registered as
+// torch.ops.infragent.*:
 //
 // qpack_a8(qs, d, mins, kind) -> (packed, pd, pm)   the weight regrouped for the product below (once, at load)
-// qlinear_a8(x [m, k], packed, pd, pm, row_scale, kind, n) -> y [m, n]
+// qlinear_a8(x [m, k], packed, pd, pm, row_scale, kind, n, digits) -> y [m, n]   digits: 1 or 2
 // qa8_isa() -> the path in use: "avx512-vnni", "avx2" or "generic" (follows qgemm_set_isa / $INFRAGENT_ISA)
 //
 // The packed layout puts 16 weight rows side by side, so one vector instruction multiplies four activations
@@ -48,11 +51,13 @@ struct Packed {
   const uint8_t* block(int64_t g, int64_t b) const { return w + (g * nb + b) * units() * 64; }
 };
 
-// One batch of activations, quantized: xq [m, k] int8, and per row and block the scale xd, the sum of the
-// fp32 activations xs (Q4_1's mins multiply it) and the sum of the int8 ones xqs (Q8_0's +128 offset does).
+// One batch of activations, quantized: xq [m, k] int8 (and xq2, the second digit), and per row and block the
+// scale of the block's integer sum xd, the sum of the fp32 activations xs (Q4_1's mins multiply it) and the
+// sum of the integers xqs, digits weighted as in the product (Q8_0's +128 offset multiplies it).
 struct Acts {
   int64_t m, k, nb;
   const int8_t* xq;
+  const int8_t* xq2;  // null with one digit
   const float* xd;
   const float* xs;
   const int32_t* xqs;
@@ -70,36 +75,52 @@ inline int32_t dword(const int8_t* p) {
 
 // --- quantizing the activations: the same rounding on every path, so every path sees the same integers ---
 
-inline void quantize_block_scalar(const float* x, int8_t* q, float* d, float* s, int32_t* qs) {
+inline void quantize_block_scalar(const float* x, int8_t* q, int8_t* q2, float* d, float* s, int32_t* qs) {
   float amax = 0, sum = 0;
   for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j])), sum += x[j];
   const float id = amax > 0 ? 127.0f / amax : 0.0f;
-  int32_t qsum = 0;
+  int32_t qsum = 0, qsum2 = 0;
   for (int j = 0; j < 32; ++j) {
-    q[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+    const float t = x[j] * id, first = std::nearbyint(t);
+    q[j] = static_cast<int8_t>(first);
     qsum += q[j];
+    if (q2 != nullptr) {
+      q2[j] = static_cast<int8_t>(std::nearbyint((t - first) * 128.0f));
+      qsum2 += q2[j];
+    }
   }
-  *d = amax / 127.0f, *s = sum, *qs = qsum;
+  *d = q2 != nullptr ? amax / 127.0f / 128.0f : amax / 127.0f, *s = sum;
+  *qs = q2 != nullptr ? 128 * qsum + qsum2 : qsum;
 }
 
 namespace vnni {
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
 
-inline void quantize_block(const float* x, int8_t* q, float* d, float* s, int32_t* qs) {
+inline void quantize_block(const float* x, int8_t* q, int8_t* q2, float* d, float* s, int32_t* qs) {
   const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   const __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+  const __m512 ta = _mm512_mul_ps(a, id), tb = _mm512_mul_ps(b, id);
+  const __m512i qa = _mm512_cvtps_epi32(ta), qb = _mm512_cvtps_epi32(tb);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
   *d = amax / 127.0f;
   *s = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
   *qs = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  if (q2 != nullptr) {  // the remainder t - round(t) is exact in fp32; times 128 it is within [-64, 64]
+    const __m512 k128 = _mm512_set1_ps(128.0f);
+    const __m512i ra = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(ta, _mm512_cvtepi32_ps(qa)), k128));
+    const __m512i rb = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(tb, _mm512_cvtepi32_ps(qb)), k128));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q2), _mm512_cvtsepi32_epi8(ra));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + 16), _mm512_cvtsepi32_epi8(rb));
+    *d /= 128.0f;
+    *qs = 128 * *qs + _mm512_reduce_add_epi32(_mm512_add_epi32(ra, rb));
+  }
 }
 
 // y rows a0..a0+A-1, group g: 16 rows per vector, four activations per vpdpbusd.
-template <int Kind, int A>
+template <int Kind, int A, int Digits>
 void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
   __m512 acc[A];
   for (int a = 0; a < A; ++a) acc[a] = _mm512_setzero_ps();
@@ -128,6 +149,15 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
         s1 = _mm512_dpbusd_epi32(s1, wv[v + 1], _mm512_set1_epi32(dword(xb + act_offset(Kind, v + 1))));
       }
       __m512i s = _mm512_add_epi32(s0, s1);
+      if (Digits == 2) {
+        const int8_t* xb2 = x.xq2 + row * x.k + b * 32;
+        __m512i t0 = _mm512_setzero_si512(), t1 = _mm512_setzero_si512();
+        for (int v = 0; v < 8; v += 2) {
+          t0 = _mm512_dpbusd_epi32(t0, wv[v], _mm512_set1_epi32(dword(xb2 + act_offset(Kind, v))));
+          t1 = _mm512_dpbusd_epi32(t1, wv[v + 1], _mm512_set1_epi32(dword(xb2 + act_offset(Kind, v + 1))));
+        }
+        s = _mm512_add_epi32(_mm512_slli_epi32(s, 7), _mm512_add_epi32(t0, t1));
+      }
       if (Kind == kQ8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * x.xqs[row * x.nb + b]));
       acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(wd, _mm512_set1_ps(x.xd[row * x.nb + b])), acc[a]);
       if (Kind == kQ4) acc[a] = _mm512_fmadd_ps(wm, _mm512_set1_ps(x.xs[row * x.nb + b]), acc[a]);
@@ -164,20 +194,37 @@ inline int32_t hsum8i(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1)));
 }
 
-inline void quantize_block(const float* x, int8_t* q, float* d, float* s, int32_t* qs) {
+// 32 int32 as int8, in element order (packs interleave 128-bit lanes; the permute puts them back).
+inline void store_int8(int8_t* q, const __m256i* qi) {
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+inline int32_t sum_int(const __m256i* qi) {
+  return hsum8i(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+}
+
+inline void quantize_block(const float* x, int8_t* q, int8_t* q2, float* d, float* s, int32_t* qs) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4], mx = _mm256_setzero_ps();
   for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + 8 * j), mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
   const float amax = hmax8(mx);
   const __m256 id = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  __m256 t[4];
   __m256i qi[4];
-  for (int j = 0; j < 4; ++j) qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
-  // packs interleave 128-bit lanes; the permute puts the 32 bytes back in element order
-  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  for (int j = 0; j < 4; ++j) t[j] = _mm256_mul_ps(v[j], id), qi[j] = _mm256_cvtps_epi32(t[j]);
+  store_int8(q, qi);
   *d = amax / 127.0f;
   *s = hsum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
-  *qs = hsum8i(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+  *qs = sum_int(qi);
+  if (q2 != nullptr) {
+    __m256i ri[4];
+    for (int j = 0; j < 4; ++j)
+      ri[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_sub_ps(t[j], _mm256_cvtepi32_ps(qi[j])), _mm256_set1_ps(128.0f)));
+    store_int8(q2, ri);
+    *d /= 128.0f;
+    *qs = 128 * *qs + sum_int(ri);
+  }
 }
 
 // Four u8 x s8 products per int32 lane, added to acc (maddubs pairs, then madd by ones sums the pairs).
@@ -187,7 +234,24 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 
 // As vnni::group_tile with 8 rows per vector: the group's two halves in turn. Q8_0's stored w + 128 would
 // overflow maddubs's int16 pairs, so it runs as |w| times x with w's sign (at most 2 * 128 * 127).
-template <int Kind, int A>
+// w . x for one block's eight weight vectors against the activations at xb (one digit).
+template <int Kind>
+inline __m256i block_sum(const __m256i* wv, const int8_t* xb) {
+  if (Kind == kQ4) {  // nibbles: eight maddubs pairs (each at most 2 * 15 * 127) fit one int16 sum
+    __m256i pairs = _mm256_setzero_si256();
+    for (int v = 0; v < 8; ++v)
+      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(wv[v], _mm256_set1_epi32(dword(xb + act_offset(Kind, v)))));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+  }
+  __m256i s = _mm256_setzero_si256();
+  for (int v = 0; v < 8; ++v) {
+    const __m256i xv = _mm256_set1_epi32(dword(xb + act_offset(Kind, v)));
+    s = dot4(s, _mm256_abs_epi8(wv[v]), _mm256_sign_epi8(xv, wv[v]));
+  }
+  return s;
+}
+
+template <int Kind, int A, int Digits>
 void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
   const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int h = 0; h < 2; ++h) {
@@ -212,19 +276,8 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
       if (Kind == kQ4) wm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + at)));
       for (int a = 0; a < A; ++a) {
         const int64_t row = a0 + a;
-        const int8_t* xb = x.xq + row * x.k + b * 32;
-        __m256i s = _mm256_setzero_si256();
-        if (Kind == kQ4) {  // nibbles: eight maddubs pairs (each at most 2 * 15 * 127) fit one int16 sum
-          __m256i pairs = _mm256_setzero_si256();
-          for (int v = 0; v < 8; ++v)
-            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(wv[v], _mm256_set1_epi32(dword(xb + act_offset(Kind, v)))));
-          s = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-        } else {
-          for (int v = 0; v < 8; ++v) {
-            const __m256i xv = _mm256_set1_epi32(dword(xb + act_offset(Kind, v)));
-            s = dot4(s, _mm256_abs_epi8(wv[v]), _mm256_sign_epi8(xv, wv[v]));
-          }
-        }
+        __m256i s = block_sum<Kind>(wv, x.xq + row * x.k + b * 32);
+        if (Digits == 2) s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), block_sum<Kind>(wv, x.xq2 + row * x.k + b * 32));
         acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wd, _mm256_set1_ps(x.xd[row * x.nb + b])), acc[a]);
         if (Kind == kQ4) acc[a] = _mm256_fmadd_ps(wm, _mm256_set1_ps(x.xs[row * x.nb + b]), acc[a]);
       }
@@ -245,7 +298,7 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
 namespace generic {
 
 // The reference: the same integers and the same per-block scaling, one row and one lane at a time.
-template <int Kind, int A>
+template <int Kind, int A, int Digits>
 void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
   for (int a = 0; a < A; ++a) {
     const int64_t row = a0 + a;
@@ -255,12 +308,14 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
       for (int64_t b = 0; b < w.nb; ++b) {
         const uint8_t* unit = w.block(g, b);
         const int8_t* xb = x.xq + row * x.k + b * 32;
+        const int8_t* xb2 = Digits == 2 ? x.xq2 + row * x.k + b * 32 : nullptr;
         int32_t s = 0;
         for (int v = 0; v < 8; ++v)
           for (int i = 0; i < 4; ++i) {
             const uint8_t byte = Kind == kQ4 ? unit[64 * (v / 2) + 32 * h + 4 * r + i] : unit[64 * v + 32 * h + 4 * r + i];
             const int32_t q = Kind == kQ4 ? (v & 1 ? byte >> 4 : byte & 15) : static_cast<int32_t>(byte) - 128;
-            s += q * xb[act_offset(Kind, v) + i];
+            const int at = act_offset(Kind, v) + i;
+            s += q * (Digits == 2 ? 128 * xb[at] + xb2[at] : xb[at]);
           }
         const int64_t at = (g * w.nb + b) * 16 + lane;
         acc += static_cast<float>(s) * (static_cast<float>(w.d[at]) * x.xd[row * x.nb + b]);
@@ -284,7 +339,8 @@ Path path() {
   return chosen == Isa::Generic ? Path::Generic : Path::Avx2;  // AVX-512 without VNNI runs the AVX2 path
 }
 
-void quantize_rows(const float* x, int64_t m, int64_t k, int8_t* xq, float* xd, float* xs, int32_t* xqs, Path p) {
+void quantize_rows(const float* x, int64_t m, int64_t k, int8_t* xq, int8_t* xq2, float* xd, float* xs, int32_t* xqs,
+                   Path p) {
   const int64_t nb = k / 32;
   at::parallel_for(0, m, std::max<int64_t>(1, 16384 / k), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
@@ -292,9 +348,10 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int8_t* xq, float* xd, 
         const int64_t i = r * nb + b;
         const float* xb = x + r * k + b * 32;
         int8_t* qb = xq + r * k + b * 32;
-        if (p == Path::Vnni) vnni::quantize_block(xb, qb, xd + i, xs + i, xqs + i);
-        else if (p == Path::Avx2) avx2::quantize_block(xb, qb, xd + i, xs + i, xqs + i);
-        else quantize_block_scalar(xb, qb, xd + i, xs + i, xqs + i);
+        int8_t* qb2 = xq2 != nullptr ? xq2 + r * k + b * 32 : nullptr;
+        if (p == Path::Vnni) vnni::quantize_block(xb, qb, qb2, xd + i, xs + i, xqs + i);
+        else if (p == Path::Avx2) avx2::quantize_block(xb, qb, qb2, xd + i, xs + i, xqs + i);
+        else quantize_block_scalar(xb, qb, qb2, xd + i, xs + i, xqs + i);
       }
   });
 }
@@ -302,18 +359,18 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int8_t* xq, float* xd, 
 // Rows of x per tile: each group's weights are unpacked once per block and used for this many rows.
 constexpr int kTile = 4;
 
-template <int Kind>
+template <int Kind, int Digits>
 void run_group(Path p, const Packed& w, const Acts& x, int64_t g, float* y) {
   int64_t a = 0;
   for (; a + kTile <= x.m; a += kTile) {
-    if (p == Path::Vnni) vnni::group_tile<Kind, kTile>(w, x, g, a, y);
-    else if (p == Path::Avx2) avx2::group_tile<Kind, kTile>(w, x, g, a, y);
-    else generic::group_tile<Kind, kTile>(w, x, g, a, y);
+    if (p == Path::Vnni) vnni::group_tile<Kind, kTile, Digits>(w, x, g, a, y);
+    else if (p == Path::Avx2) avx2::group_tile<Kind, kTile, Digits>(w, x, g, a, y);
+    else generic::group_tile<Kind, kTile, Digits>(w, x, g, a, y);
   }
   for (; a < x.m; ++a) {
-    if (p == Path::Vnni) vnni::group_tile<Kind, 1>(w, x, g, a, y);
-    else if (p == Path::Avx2) avx2::group_tile<Kind, 1>(w, x, g, a, y);
-    else generic::group_tile<Kind, 1>(w, x, g, a, y);
+    if (p == Path::Vnni) vnni::group_tile<Kind, 1, Digits>(w, x, g, a, y);
+    else if (p == Path::Avx2) avx2::group_tile<Kind, 1, Digits>(w, x, g, a, y);
+    else generic::group_tile<Kind, 1, Digits>(w, x, g, a, y);
   }
 }
 
@@ -341,8 +398,9 @@ Packed packed_of(const at::Tensor& packed, const at::Tensor& d, const at::Tensor
 }
 
 at::Tensor qlinear_a8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& d, const at::Tensor& m,
-                      const std::optional<at::Tensor>& row_scale, int64_t kind, int64_t n) {
+                      const std::optional<at::Tensor>& row_scale, int64_t kind, int64_t n, int64_t digits) {
   const Packed w = packed_of(packed, d, m, row_scale, kind, n);
+  TORCH_CHECK(digits == 1 || digits == 2, "digits ", digits, ": 1 or 2");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous fp32 [m, k]");
   TORCH_CHECK(x.size(1) == w.k, "x has ", x.size(1), " columns; the weight's rows have ", w.k);
   const int64_t rows = x.size(0);
@@ -350,18 +408,21 @@ at::Tensor qlinear_a8(const at::Tensor& x, const at::Tensor& packed, const at::T
   if (rows == 0) return y;
   const Path p = path();
   auto xq = at::empty({rows, w.k}, x.options().dtype(at::kChar));
+  auto xq2 = at::empty({digits == 2 ? rows : 0, w.k}, x.options().dtype(at::kChar));
+  int8_t* second = digits == 2 ? xq2.data_ptr<int8_t>() : nullptr;
   auto xd = at::empty({rows, w.nb}, x.options()), xs = at::empty({rows, w.nb}, x.options());
   auto xqs = at::empty({rows, w.nb}, x.options().dtype(at::kInt));
-  quantize_rows(x.data_ptr<float>(), rows, w.k, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(),
+  quantize_rows(x.data_ptr<float>(), rows, w.k, xq.data_ptr<int8_t>(), second, xd.data_ptr<float>(), xs.data_ptr<float>(),
                 xqs.data_ptr<int32_t>(), p);
-  const Acts acts{rows, w.k, w.nb, xq.data_ptr<int8_t>(), xd.data_ptr<float>(), xs.data_ptr<float>(), xqs.data_ptr<int32_t>()};
+  const Acts acts{rows, w.k, w.nb, xq.data_ptr<int8_t>(), second, xd.data_ptr<float>(), xs.data_ptr<float>(),
+                  xqs.data_ptr<int32_t>()};
   float* yp = y.data_ptr<float>();
   // a task is at least ~32k multiply-adds per row of x: smaller products are not worth a second thread
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (kGroup * w.k * std::min<int64_t>(rows, 8)));
   at::parallel_for(0, w.groups, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
-      if (kind == kQ4) run_group<kQ4>(p, w, acts, g, yp);
-      else run_group<kQ8>(p, w, acts, g, yp);
+      if (kind == kQ4) digits == 2 ? run_group<kQ4, 2>(p, w, acts, g, yp) : run_group<kQ4, 1>(p, w, acts, g, yp);
+      else digits == 2 ? run_group<kQ8, 2>(p, w, acts, g, yp) : run_group<kQ8, 1>(p, w, acts, g, yp);
     }
   });
   return y;
@@ -410,7 +471,7 @@ std::string qa8_isa() { return kPathNames[static_cast<int>(path())]; }
 
 TORCH_LIBRARY_FRAGMENT(infragent, m) {
   m.def("qpack_a8(Tensor qs, Tensor d, Tensor? mins, int kind) -> (Tensor, Tensor, Tensor)");
-  m.def("qlinear_a8(Tensor x, Tensor packed, Tensor pd, Tensor pm, Tensor? row_scale, int kind, int n) -> Tensor");
+  m.def("qlinear_a8(Tensor x, Tensor packed, Tensor pd, Tensor pm, Tensor? row_scale, int kind, int n, int digits=1) -> Tensor");
   m.def("qa8_isa() -> str", qa8_isa);
 }
 

@@ -79,13 +79,13 @@ class DecoderModel:
             if isinstance(getattr(owner, name), (BlockLinear, BlockLinearA8)):
                 getattr(owner, name).native = native
 
-    def use_int8_activations(self) -> None:
-        """Run every Q4_1/Q8_0 linear with its activations quantized to int8 per block (weight_format gguf-a8);
-        the embedding lookup still reads the stored blocks."""
+    def use_int8_activations(self, digits: int) -> None:
+        """Run every Q4_1/Q8_0 linear with its activations quantized per block to `digits` int8 digits
+        (weight_format gguf-a8: 1, gguf-a16: 2); the embedding lookup still reads the stored blocks."""
         for owner, name in self.linears():
             block = getattr(owner, name)
             if isinstance(block, BlockLinear) and block.weight.kind in A8_KINDS:
-                setattr(owner, name, BlockLinearA8(block.weight, native=block.native))
+                setattr(owner, name, BlockLinearA8(block.weight, native=block.native, digits=digits))
 
     def hold_fp32(self) -> None:
         """Dequantize stored-block weights in place: the model then holds what weight_format fp32 loads (a
