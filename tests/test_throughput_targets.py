@@ -1,0 +1,39 @@
+"""The issue-25 target rows of benchmarks/throughput_report.py: one set per stored-block format the run has,
+each judged on its whole interval (met, missed, or inconclusive), the AVX2 rows only where that engine ran."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from throughput_report import summarize  # noqa: E402
+
+ROUNDS = 5
+
+
+def _round(i: int, engines: dict[str, dict[str, float]]) -> dict:
+    """One round's record: per engine its samples (tok/s) and RSS, a little noise per round."""
+    wobble = 1 + 0.01 * (i % 3)
+    return {"peaks": {"gemv_fp32_bytes_per_s": 2e10, "matmul_fp32_gflops": 200.0, "copy_bytes_per_s": 3e10},
+            "engines": {name: {"samples": {k: v * wobble for k, v in s.items()}, "peak_rss_bytes": 9e8,
+                               "peak_rss_after": {"c1": 5e8}}
+                        for name, s in engines.items()}}
+
+
+def test_each_format_gets_its_own_targets_judged_on_the_interval() -> None:
+    engines = {
+        "infragent": {"c1": 30, "c8": 100, "c32": 170, "prefill": 600, "c1_decode_only": 31},
+        "infragent-gguf-a16": {"c1": 160, "c8": 400, "c32": 520, "prefill": 1200, "c1_decode_only": 170},
+        "infragent-gguf-a16-avx2": {"c1": 110, "c8": 220, "c32": 300, "prefill": 700, "c1_decode_only": 120},
+        "transformers": {"c1": 21, "c8": 100, "c32": 160, "prefill": 600},
+        "llamacpp": {"c1": 100, "c8": 100, "c32": 100, "prefill": 400, "c1_decode_only": 133},
+    }
+    rounds = [_round(i, engines) for i in range(ROUNDS)]
+    summary = summarize(rounds, list(engines), {})
+    verdicts = {t["target"]: t["verdict"] for t in summary["targets"]}
+    assert verdicts["batch-1 decode gguf-a16 >= 1.3x llama.cpp"] == "PASS"  # 1.6x
+    assert verdicts["c=32 gguf-a16 >= 2x transformers"] == "PASS"  # 3.25x
+    assert verdicts["c=32 gguf-a16 (AVX2) >= 2x transformers"] == "FAIL"  # 1.9x, the whole interval under
+    assert verdicts["gguf-a16 peak RSS (load, warm-up and c=1) <= 0.6 GB"] == "PASS"
+    assert verdicts["gguf-a16 peak RSS (the whole run, c=32's KV included) <= 0.6 GB"] == "FAIL"
+    assert not any(name.startswith(("batch-1 decode gguf ", "c=32 gguf-a8")) for name in verdicts)  # not run
