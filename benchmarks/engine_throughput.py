@@ -28,7 +28,8 @@ from bench_prompts import encode_corpus, make_windows, round_spec  # noqa: E402
 from throughput_report import format_report, summarize  # noqa: E402
 
 ENGINES = ("infragent", "infragent-gguf", "infragent-gguf-avx2", "infragent-gguf-a16", "infragent-gguf-a16-avx2",
-           "infragent-gguf-a8", "infragent-gguf-a8-avx2", "infragent-int8", "transformers", "llamacpp")
+           "infragent-gguf-a8", "infragent-gguf-a8-avx2", "infragent-int8", "transformers", "transformers-avx2",
+           "llamacpp")  # -avx2: the process held to AVX2 (kernels, ATen, MKL, oneDNN), as on an AVX2-only CPU
 IMPORT_NAME = {"transformers": "transformers", "llamacpp": "llama_cpp"}  # the rest: infragent
 CONCURRENCY = {"c1": 1, "c8": 8, "c32": 32}
 
@@ -70,7 +71,7 @@ def environment(threads: int) -> dict:
 
 def available(engine: str) -> bool:
     """Whether the engine's Python package can be imported here (without importing it)."""
-    return importlib.util.find_spec(IMPORT_NAME.get(engine, "infragent")) is not None
+    return importlib.util.find_spec(IMPORT_NAME.get(engine.removesuffix("-avx2"), "infragent")) is not None
 
 
 def child_env(threads: int) -> dict[str, str]:

@@ -1,12 +1,14 @@
-"""The stored-block kernel against MKL's fp32 GEMM on SmolLM2-135M's own linear shapes, per batch size.
+"""The stored-block kernels against MKL's fp32 GEMM on SmolLM2-135M's own linear shapes, per batch size.
 
     PYTHONPATH=src .venv/bin/python benchmarks/qgemm_shapes.py [--rows 1,8,32,128,512] [--isa avx2] [--rounds 7]
+        [--a8]
 
 For each shape (qkv, o, gate_up, down: Q4_1; the LM head: Q8_0, as the file holds them) and each number of
-activation rows: torch.ops.infragent.qlinear on random blocks of that kind against torch.mm on the same
-weights dequantized to fp32 and kept transposed (the fp32 engine's layout), timed in interleaved rounds; the
-median per-call time, its GFLOP/s, and the model's total per forward (30 layers of each projection plus one
-LM head). Random weights: the LM head's 30 MB may stay in L3 between calls, so batch-1 rates here are above
+activation rows: torch.ops.infragent.qlinear on random blocks of that kind (fp32 activations: weight_format
+gguf) against torch.mm on the same weights dequantized to fp32 and kept transposed (the fp32 engine's
+layout), and, with --a8, the int8-activation products of gguf-a16 and gguf-a8 on the same blocks; timed in
+interleaved rounds; the median per-call time, its GFLOP/s, and the model's total per forward (30 layers of
+each projection plus one LM head). Random weights: the LM head's 30 MB may stay in L3 between calls, so batch-1 rates here are above
 what a real decode step streams (engine_throughput.py measures that).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ from test_weight_format import random_weight  # noqa: E402
 
 from infragent.engine.kernels import build  # noqa: E402
 from infragent.engine.quant.blocks import KIND_CODES  # noqa: E402
+from infragent.engine.quant.blocks_a8 import BlockLinearA8  # noqa: E402
 from infragent.engine.weight_choice import seconds_per_call  # noqa: E402
 
 SHAPES = [("qkv", "q4_1", 960, 576, 30), ("o", "q4_1", 576, 576, 30), ("gate_up", "q4_1", 3072, 576, 30),
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("--isa", default=None, help="avx512, avx2 or generic (default: the widest here)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--a8", action="store_true", help="also time gguf-a16 and gguf-a8's products")
     args = parser.parse_args()
     build.load()
     torch.set_num_threads(args.threads)
@@ -45,7 +49,7 @@ def main() -> None:
     print(f"ISA {torch.ops.infragent.qgemm_isa()}, {args.threads} threads, torch {torch.__version__}, "
           f"median of {args.rounds} interleaved rounds")
     for rows in (int(r) for r in args.rows.split(",")):
-        total = {"blocks": 0.0, "fp32": 0.0}
+        total: dict[str, float] = {}
         for name, kind, n, k, count in SHAPES:
             w = random_weight(kind, n, k, seed=0)
             dense = w.dequantize().t().contiguous()
@@ -57,18 +61,21 @@ def main() -> None:
             def fp32(a: torch.Tensor, dense=dense) -> torch.Tensor:
                 return torch.mm(a, dense)
 
-            times: dict[str, list[float]] = {"blocks": [], "fp32": []}
+            contenders = [("blocks", blocks), ("fp32", fp32)]
+            if args.a8:
+                contenders += [(f"a{8 * digits}", BlockLinearA8(w, native=True, digits=digits)) for digits in (2, 1)]
+            times: dict[str, list[float]] = {label: [] for label, _ in contenders}
             for r in range(args.rounds):
-                for label, fn in (("blocks", blocks), ("fp32", fp32))[::1 if r % 2 == 0 else -1]:
+                for label, fn in contenders[::1 if r % 2 == 0 else -1]:
                     times[label].append(seconds_per_call(fn, x, MIN_S))
-            q, f = (statistics.median(times[k]) for k in ("blocks", "fp32"))
-            total["blocks"] += count * q
-            total["fp32"] += count * f
+            medians = {label: statistics.median(t) for label, t in times.items()}
+            for label, m in medians.items():
+                total[label] = total.get(label, 0.0) + count * m
             flops = 2 * rows * n * k
-            print(f"rows {rows:4d} {name:8s} blocks {q * 1e6:9.1f} us {flops / q / 1e9:6.1f} GFLOP/s | fp32 "
-                  f"{f * 1e6:9.1f} us {flops / f / 1e9:6.1f} GFLOP/s | x{f / q:.2f}")
-        print(f"rows {rows}: the model's linears per forward: blocks {total['blocks'] * 1e3:.1f} ms, fp32 "
-              f"{total['fp32'] * 1e3:.1f} ms (x{total['fp32'] / total['blocks']:.2f})")
+            print(f"rows {rows:4d} {name:8s} " + " | ".join(
+                f"{label} {m * 1e6:9.1f} us {flops / m / 1e9:6.1f} GFLOP/s" for label, m in medians.items()))
+        print(f"rows {rows}: the model's linears per forward: " + ", ".join(
+            f"{label} {t * 1e3:.2f} ms (x{total['blocks'] / t:.2f} of blocks)" for label, t in total.items()))
 
 
 if __name__ == "__main__":
