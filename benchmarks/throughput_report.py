@@ -83,7 +83,9 @@ def targets(summary: dict) -> list[dict]:
     has."""
     ratios, rows = summary["ratios"], []
     held = "transformers-avx2" in summary["table"]  # then the AVX2 rows compare like with like
-    for fmt in [f for f in ("gguf", "gguf-a16", "gguf-a8") if f"infragent-{f}" in summary["table"]]:
+    table = summary["table"]
+    for fmt in [f for f in ("gguf", "gguf-a16", "gguf-a8")
+                if f"infragent-{f}" in table or f"infragent-{f}-avx2" in table]:
         ours = f"infragent-{fmt}"
         rows += [(f"batch-1 decode {fmt} >= 1.3x llama.cpp", ratios.get(f"{ours}/llamacpp", {}).get("c1"), 1.3, True),
                  (f"c=32 {fmt} >= 2x transformers", ratios.get(f"{ours}/transformers", {}).get("c32"), 2.0, True),
@@ -93,7 +95,7 @@ def targets(summary: dict) -> list[dict]:
                  (f"prefill {fmt} (AVX2) not slower than fp32",
                   ratios.get(f"{ours}-avx2/infragent", {}).get("prefill"), 1.0, True)]
         for key, what in (("rss_c1", "load, warm-up and c=1"), ("rss", "the whole run, c=32's KV included")):
-            rss = summary["table"][ours].get(key)
+            rss = table.get(ours, {}).get(key)
             gb = {**rss, "center": _center(rss) / 1e9, "lo": rss["lo"] / 1e9, "hi": rss["hi"] / 1e9} if rss else None
             rows.append((f"{fmt} peak RSS ({what}) <= 0.6 GB", gb, 0.6, False))
     out = []

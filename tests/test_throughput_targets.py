@@ -37,3 +37,14 @@ def test_each_format_gets_its_own_targets_judged_on_the_interval() -> None:
     assert verdicts["gguf-a16 peak RSS (load, warm-up and c=1) <= 0.6 GB"] == "PASS"
     assert verdicts["gguf-a16 peak RSS (the whole run, c=32's KV included) <= 0.6 GB"] == "FAIL"
     assert not any(name.startswith(("batch-1 decode gguf ", "c=32 gguf-a8")) for name in verdicts)  # not run
+
+
+def test_an_avx2_only_run_is_judged_against_transformers_held_to_avx2_too() -> None:
+    engines = {"infragent-gguf-a16-avx2": {"c1": 120, "c8": 250, "c32": 330, "prefill": 700},
+               "transformers": {"c1": 20, "c8": 100, "c32": 170, "prefill": 650},
+               "transformers-avx2": {"c1": 20, "c8": 90, "c32": 150, "prefill": 630}}
+    summary = summarize([_round(i, engines) for i in range(ROUNDS)], list(engines), {})
+    verdicts = {t["target"]: (t["verdict"], t["measured"]) for t in summary["targets"]}
+    verdict, measured = verdicts["c=32 gguf-a16 (AVX2) >= 2x transformers (AVX2)"]
+    assert verdict == "PASS" and measured.startswith("2.2"), measured  # 330 / 150, not 330 / 170
+    assert verdicts["batch-1 decode gguf-a16 >= 1.3x llama.cpp"][0] == "n/a"  # neither side ran
