@@ -232,9 +232,8 @@ inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
-// As vnni::group_tile with 8 rows per vector: the group's two halves in turn. Q8_0's stored w + 128 would
-// overflow maddubs's int16 pairs, so it runs as |w| times x with w's sign (at most 2 * 128 * 127).
-// w . x for one block's eight weight vectors against the activations at xb (one digit).
+// w . x for one block's eight weight vectors against the activations at xb (one digit). Q8_0's stored w + 128
+// would overflow maddubs's int16 pairs, so it runs as |w| times x with w's sign (at most 2 * 128 * 127).
 template <int Kind>
 inline __m256i block_sum(const __m256i* wv, const int8_t* xb) {
   if (Kind == kQ4) {  // nibbles: eight maddubs pairs (each at most 2 * 15 * 127) fit one int16 sum
@@ -251,9 +250,33 @@ inline __m256i block_sum(const __m256i* wv, const int8_t* xb) {
   return s;
 }
 
+// Q8_0 with two digits: both in one multiply. The digits join into one int16 (128 q1 + q2, at most 16320 in
+// magnitude) and vpmaddwd takes w as int16 (w16: each weight vector's rows 0-3, then rows 4-7, widened once
+// per block). Its int32 lanes hold pairs of a row's products; hadd joins each row's pair and the permute
+// restores row order ([r0 r1 r4 r5 | r2 r3 r6 r7] after hadd).
+inline __m256i block_sum_joined(const __m256i* w16, const int8_t* xb, const int8_t* xb2) {
+  alignas(32) int16_t joined[32];
+  for (int half = 0; half < 2; ++half) {
+    const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16 * half)));
+    const __m256i q2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb2 + 16 * half)));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(joined + 16 * half), _mm256_add_epi16(_mm256_slli_epi16(q1, 7), q2));
+  }
+  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+  for (int v = 0; v < 8; ++v) {  // Q8_0's vector v holds elements 4v..4v+3 of each row
+    int64_t four;
+    std::memcpy(&four, joined + 4 * v, 8);
+    const __m256i xv = _mm256_set1_epi64x(four);
+    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(w16[2 * v], xv));
+    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(w16[2 * v + 1], xv));
+  }
+  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+}
+
+// As vnni::group_tile with 8 rows per vector: the group's two halves in turn.
 template <int Kind, int A, int Digits>
 void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
   const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  constexpr bool kJoined = Kind == kQ8 && Digits == 2;
   for (int h = 0; h < 2; ++h) {
     __m256 acc[A];
     for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_ps();
@@ -270,14 +293,25 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
         for (int c = 0; c < 8; ++c)
           wv[c] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 * c)), flip);
       }
+      __m256i w16[16];
+      if (kJoined)
+        for (int c = 0; c < 8; ++c) {
+          w16[2 * c] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv[c]));
+          w16[2 * c + 1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv[c], 1));
+        }
       const int64_t at = (g * w.nb + b) * 16 + 8 * h;
       const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + at)));
       __m256 wm = _mm256_setzero_ps();
       if (Kind == kQ4) wm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + at)));
       for (int a = 0; a < A; ++a) {
         const int64_t row = a0 + a;
-        __m256i s = block_sum<Kind>(wv, x.xq + row * x.k + b * 32);
-        if (Digits == 2) s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), block_sum<Kind>(wv, x.xq2 + row * x.k + b * 32));
+        __m256i s;
+        if (kJoined) {
+          s = block_sum_joined(w16, x.xq + row * x.k + b * 32, x.xq2 + row * x.k + b * 32);
+        } else {
+          s = block_sum<Kind>(wv, x.xq + row * x.k + b * 32);
+          if (Digits == 2) s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), block_sum<Kind>(wv, x.xq2 + row * x.k + b * 32));
+        }
         acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wd, _mm256_set1_ps(x.xd[row * x.nb + b])), acc[a]);
         if (Kind == kQ4) acc[a] = _mm256_fmadd_ps(wm, _mm256_set1_ps(x.xs[row * x.nb + b]), acc[a]);
       }
