@@ -41,7 +41,13 @@ LAUNCHES = {
                     "kda_bv_tile": 16, "kda_head_split": 2},
     "quantized": {"quantization": "w8a8", "smoothquant_alpha": 0.5, "kv_cache_dtype": "int8"},
     "int8-weights": {"weight_format": "int8"},  # gguf needs the real model's file: tests/test_weight_format.py
+    "expert-parallel": {"expert_parallel_size": 2, "moe_exchange": "native"},  # experts: model hybrid-moe
 }
+
+
+def model_of(values: dict) -> str:
+    """The model a launch runs: expert parallelism needs one with experts."""
+    return "hybrid-moe" if "expert_parallel_size" in values else "hybrid"
 
 
 def launch_of(name: str) -> dict:
@@ -66,7 +72,7 @@ def test_the_launches_cover_every_knob_with_a_non_default_value() -> None:
 @pytest.mark.parametrize("name", list(KNOBS))
 def test_each_knob_round_trips_through_serve_print_config(name: str) -> None:
     values = launch_of(name)
-    argv = ["serve", "--print-config", "--model", "hybrid", *SERVE_ARGS, *to_argv(values)]
+    argv = ["serve", "--print-config", "--model", model_of(values), *SERVE_ARGS, *to_argv(values)]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
@@ -125,7 +131,7 @@ def test_spec_validation_checks_engine_knobs_against_the_registry(tmp_path: Path
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_a_launched_engine_target_runs_with_every_knob_it_was_given(launch: str, tmp_path: Path) -> None:
     knobs = LAUNCHES[launch]
-    target = Target(kind="engine", model="hybrid", serve_args=SERVE_ARGS, ready_timeout_s=120)
+    target = Target(kind="engine", model=model_of(knobs), serve_args=SERVE_ARGS, ready_timeout_s=120)
     log = tmp_path / f"{launch}.log"
     with TargetProcess(target, knobs, log) as proc:
         body = {"prompt": "a b a b a b", "max_tokens": 4, "temperature": 0}

@@ -14,7 +14,7 @@ from infragent.engine.knobs import knob_options
 @knob_options()
 def generate(
     prompts: List[str] = typer.Argument(..., help="One or more prompts."),
-    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
+    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M), hybrid (KDA + attention) or hybrid-moe (with MoE layers)."),
     max_tokens: int = typer.Option(64, "--max-tokens"),
     temperature: float = typer.Option(0.0, help="0 means greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
@@ -58,7 +58,7 @@ def generate(
 @app.command()
 @knob_options()
 def serve(
-    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
+    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M), hybrid (KDA + attention) or hybrid-moe (with MoE layers)."),
     host: str = typer.Option("127.0.0.1", help="Interface to bind (loopback by default)."),
     port: int = typer.Option(8000),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' on /v1."),

@@ -143,7 +143,7 @@ def analyze(
 @app.command()
 @knob_options(QUALITY_KNOBS)
 def quality(
-    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M) or hybrid (KDA + attention)."),
+    model: str = typer.Option("llama", help="Model family: llama (SmolLM2-135M), hybrid (KDA + attention) or hybrid-moe (with MoE layers)."),
     windows: int = typer.Option(32, "--windows", help="Held-out text windows for perplexity and KL."),
     window: int = typer.Option(256, "--window", help="Tokens per window."),
     prompts: int = typer.Option(64, "--prompts", help="Prompts for greedy agreement."),

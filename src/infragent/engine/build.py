@@ -67,8 +67,8 @@ def build_parts(config: EngineConfig) -> EngineParts:
     if config.model == "llama":
         shape, weights = load_llama(gguf, blocks=any(f in BLOCK_FORMATS for f in candidates(config)))
     else:
-        shape, weights = init_hybrid(config.hybrid, tokenizer.vocab_size)
-    world, stages = config.tensor_parallel_size, config.pipeline_parallel_size
+        shape, weights = init_hybrid(config.hybrid, tokenizer.vocab_size, config.model == "hybrid-moe")
+    world, stages = config.lockstep_ranks, config.pipeline_parallel_size
     if world > 1:  # this process is rank 0: its shard, and the driver of the others
         model = shard_model(config, shape, weights, 0, world)
     elif stages > 1:  # rank 0 is the first pipeline stage
@@ -142,8 +142,8 @@ def _prefix_caching(config: EngineConfig, shape: ModelShape) -> bool:
 
 def _make_runner(config: EngineConfig, model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | None,
                  slots: StateSlots | None, num_blocks: int, block_size: int) -> ModelRunner:
-    """The runner: in-process, or driving tensor-parallel workers or pipeline stages it starts now."""
-    world, stages = config.tensor_parallel_size, config.pipeline_parallel_size
+    """The runner: in-process, or driving tensor/expert-parallel workers or pipeline stages it starts now."""
+    world, stages = config.lockstep_ranks, config.pipeline_parallel_size
     if world > 1:
         workers, port = start_workers(config, world, num_blocks, block_size)
         init_group(0, world, port)
@@ -182,7 +182,7 @@ def model_shape(config: EngineConfig) -> ModelShape:
     gguf = read_gguf(config.gguf_path)
     if config.model == "llama":
         return llama_shape(llama_config(gguf))
-    return hybrid_shape(config.hybrid, Tokenizer.from_reader(gguf).vocab_size)
+    return hybrid_shape(config.hybrid, Tokenizer.from_reader(gguf).vocab_size, config.model == "hybrid-moe")
 
 
 def _kv_bytes_per_token(config: EngineConfig, shape: ModelShape, block_size: int) -> float:

@@ -10,9 +10,9 @@ if TYPE_CHECKING:
     import torch
 
 from infragent.engine.options import (BLOCK_FORMATS, DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES,  # noqa: F401
-                                      KV_CACHE_DTYPES, KV_LAYOUTS, MODELS, PARTIAL_PRECISIONS, QUANTIZATIONS,
-                                      ROLLBACKS, SPECULATIVE, TRANSFER_IMPLS, TRANSFER_MODES, WEIGHT_FORMATS,
-                                      ConfigError)
+                                      KV_CACHE_DTYPES, KV_LAYOUTS, MODELS, MOE_EXCHANGES, PARTIAL_PRECISIONS,
+                                      QUANTIZATIONS, ROLLBACKS, ROUTER_SCORINGS, SPECULATIVE, TRANSFER_IMPLS,
+                                      TRANSFER_MODES, WEIGHT_FORMATS, ConfigError)
 
 
 def _knob(default: Any, flag: str, help: str, *aliases: str) -> Any:
@@ -40,6 +40,31 @@ class HybridConfig:
     max_position_embeddings: int = 8192
     seed: int = 0
     kda_chunk_size: int = 32
+    # model hybrid-moe only: MoE feed-forward layers after the first `first_dense_layers` (dense, as GLM- and
+    # Kimi-Linear-class models place them)
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 384
+    shared_expert_intermediate_size: int = 384  # 0: no shared expert
+    router_scoring: str = "softmax"  # or sigmoid
+    first_dense_layers: int = 1
+
+    def check_moe(self) -> None:
+        """ConfigError naming the hybrid field whose MoE value cannot build a model."""
+        if self.num_experts < 1:
+            raise ConfigError(f"hybrid.num_experts: {self.num_experts} must be at least 1")
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(f"hybrid.num_experts_per_tok: {self.num_experts_per_tok} must be between 1 and "
+                              f"num_experts ({self.num_experts})")
+        if self.router_scoring not in ROUTER_SCORINGS:
+            raise ConfigError(f"hybrid.router_scoring: {self.router_scoring!r}; choose one of "
+                              f"{', '.join(ROUTER_SCORINGS)}")
+        if not 0 <= self.first_dense_layers <= self.num_layers:
+            raise ConfigError(f"hybrid.first_dense_layers: {self.first_dense_layers} must be between 0 and "
+                              f"num_layers ({self.num_layers})")
+        for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+            if getattr(self, name) < (1 if name == "moe_intermediate_size" else 0):
+                raise ConfigError(f"hybrid.{name}: {getattr(self, name)} is too small")
 
     def layer_kinds(self) -> list[str]:
         """Return 'kda' or 'attention' for each layer, in order."""
@@ -99,6 +124,11 @@ class EngineConfig:
     kda_head_split: int = _knob(1, "--kda-head-split", "KDA decode: head groups.")
     tensor_parallel_size: int = _knob(1, "--tp", "Ranks sharing every layer by heads, features and vocab "
                                       "(processes over gloo).", "--tensor-parallel-size")
+    expert_parallel_size: int = _knob(1, "--ep", "Ranks sharing each MoE layer's experts (model hybrid-moe; "
+                                      "processes over gloo, the same ranks as --tp when both are set).",
+                                      "--expert-parallel-size")
+    moe_exchange: str = _knob("gloo", "--moe-exchange", "Expert parallelism's dispatch/combine: gloo "
+                              "(torch.distributed), native (shared memory, GIL released) or native-gil-held.")
     tp_partial_precision: str = _knob("fp32", "--tp-partial-precision", "Row-parallel partial sums: fp32, "
                                       "reduced (bf16 operands) or 3-pass (bf16x3 split).")
     pipeline_parallel_size: int = _knob(1, "--pp", "Pipeline stages (processes holding runs of layers).",
@@ -125,6 +155,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ConfigError(f"model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.model == "hybrid-moe":
+            self.hybrid.check_moe()
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype: {self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if self.gemm not in GEMMS:
@@ -204,16 +236,17 @@ class EngineConfig:
                 raise ConfigError(f"{name}: {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
 
     def _check_parallel(self) -> None:
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "pp_micro_batches"):
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "pp_micro_batches", "expert_parallel_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be a positive integer, got {getattr(self, name)!r}")
+        self._check_expert_parallel()
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
             raise ConfigError("pipeline_parallel_size: does not combine with tensor_parallel_size > 1 yet; "
                               "choose one")
         if self.tp_partial_precision not in PARTIAL_PRECISIONS:
             raise ConfigError(f"tp_partial_precision: {self.tp_partial_precision!r}; choose one of "
                               f"{', '.join(PARTIAL_PRECISIONS)}")
-        world = max(self.tensor_parallel_size, self.pipeline_parallel_size)
+        world = max(self.lockstep_ranks, self.pipeline_parallel_size)
         if world > 1:
             clash = [name for name, on in (("speculative", self.speculative), ("quantization", self.quantization),
                                            ("kv_transfer", self.kv_transfer), ("gemm", self.gemm != "torch"),
@@ -221,9 +254,33 @@ class EngineConfig:
                                             and self.pipeline_parallel_size > 1))
                      if on]
             if clash:
-                what = "tensor" if self.tensor_parallel_size > 1 else "pipeline"
+                what = ("tensor" if self.tensor_parallel_size > 1 else
+                        "expert" if self.expert_parallel_size > 1 else "pipeline")
                 raise ConfigError(f"{what}_parallel_size: {world} does not combine with {', '.join(clash)} yet; "
                                   f"use one rank or turn them off")
+
+    def _check_expert_parallel(self) -> None:
+        ep, tp = self.expert_parallel_size, self.tensor_parallel_size
+        if self.moe_exchange not in MOE_EXCHANGES:
+            raise ConfigError(f"moe_exchange: {self.moe_exchange!r}; choose one of {', '.join(MOE_EXCHANGES)}")
+        if ep == 1:
+            return
+        if self.model != "hybrid-moe":
+            raise ConfigError(f"expert_parallel_size: {ep} needs model hybrid-moe (the {self.model} model has no "
+                              "experts); use --model hybrid-moe or --ep 1")
+        if self.hybrid.num_experts % ep:
+            raise ConfigError(f"expert_parallel_size: {ep} does not divide hybrid.num_experts "
+                              f"({self.hybrid.num_experts}); choose a divisor")
+        if tp > 1 and tp != ep:
+            raise ConfigError(f"expert_parallel_size: {ep} with tensor_parallel_size {tp}: both run on the same "
+                              "ranks; make them equal or set one to 1")
+        if self.pipeline_parallel_size > 1:
+            raise ConfigError("expert_parallel_size: does not combine with pipeline_parallel_size > 1 yet; choose one")
+
+    @property
+    def lockstep_ranks(self) -> int:
+        """Processes running every step together: tensor- and expert-parallel ranks (the same processes)."""
+        return max(self.tensor_parallel_size, self.expert_parallel_size)
 
     def _check_speculative(self) -> None:
         if self.speculative == "none":
@@ -269,5 +326,5 @@ class EngineConfig:
 
     def resolved_threads(self) -> int:
         """Threads torch should use."""
-        ranks = self.tensor_parallel_size * self.pipeline_parallel_size
+        ranks = self.lockstep_ranks * self.pipeline_parallel_size
         return self.num_threads or max(1, len(os.sched_getaffinity(0)) // ranks)

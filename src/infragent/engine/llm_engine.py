@@ -91,7 +91,7 @@ class LLMEngine:
                       request_id: str = "") -> Sequence:
         """Validate and tokenize one request without queueing it (safe to call off the engine thread)."""
         params = params or SamplingParams()
-        parallel = max(self.config.tensor_parallel_size, self.config.pipeline_parallel_size) > 1
+        parallel = max(self.config.lockstep_ranks, self.config.pipeline_parallel_size) > 1
         if parallel and (params.logprobs is not None or params.prompt_top_logprobs is not None
                          or params.adjusts_logits):
             raise RequestError("logprobs, penalties and min_tokens: not supported with tensor or pipeline "
@@ -106,7 +106,7 @@ class LLMEngine:
     def fork(self, seq: Sequence, n: int) -> list[Sequence]:
         """n - 1 more choices of a queued-to-be sequence (parallel sampling): each samples from the same
         prompt, computed once; seeds derived from seq's (seed + i), or fresh draws when it has none."""
-        if max(self.config.tensor_parallel_size, self.config.pipeline_parallel_size) > 1 and n > 1:
+        if max(self.config.lockstep_ranks, self.config.pipeline_parallel_size) > 1 and n > 1:
             raise RequestError("n: more than one choice is not served with tensor or pipeline parallelism yet")
         forks = []
         for i in range(1, n):

@@ -13,6 +13,7 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
         self._computed_seen = 0
+        self._expert_seen: dict[tuple[int, int], int] = {}
         self.requests = Counter("infragent:requests", "Requests by final status "
                                 "(stop, length, abort, error, rejected = 429, invalid = other 4xx).",
                                 ["status"], registry=registry)
@@ -51,6 +52,25 @@ class ServerMetrics:
         self.request_failures = Counter("infragent:disagg_request_failures", "Disaggregated serving: requests "
                                         "failed by the router, by cause (worker_died, timeout, worker_error, "
                                         "no_worker).", ["cause"], registry=registry)
+        self.expert_tokens = Counter("infragent:moe_expert_tokens", "MoE: token assignments routed to each expert "
+                                     "(a token counts once per expert of its top-k), by layer and expert.",
+                                     ["layer", "expert"], registry=registry)
+        self.expert_imbalance = Gauge("infragent:moe_step_imbalance", "MoE: the last step's busiest expert's "
+                                      "tokens over the mean per expert (1 = balanced), by layer.", ["layer"],
+                                      registry=registry)
+
+    def set_expert_load(self, load: dict[int, tuple[list[int], list[int]]]) -> None:
+        """Bring the MoE counters to the model's running totals and the imbalance gauge to its last step
+        (DecoderModel.expert_load)."""
+        for layer, (totals, last) in load.items():
+            for expert, total in enumerate(totals):
+                seen = self._expert_seen.get((layer, expert), 0)
+                if total > seen:
+                    self.expert_tokens.labels(layer=str(layer), expert=str(expert)).inc(total - seen)
+                    self._expert_seen[(layer, expert)] = total
+            mean = sum(last) / len(last)
+            if mean > 0:
+                self.expert_imbalance.labels(layer=str(layer)).set(max(last) / mean)
 
     def delivered(self, status: str, prompt_tokens: int, completion_tokens: int) -> None:
         """A request whose response (with usage) went out; status is its finish reason."""

@@ -2,7 +2,10 @@
 so that the config and the modules that implement each choice can both read it."""
 from __future__ import annotations
 
-MODELS = ("llama", "hybrid")
+MODELS = ("llama", "hybrid", "hybrid-moe")
+ROUTER_SCORINGS = ("softmax", "sigmoid")  # hybrid-moe: how the router turns logits into expert scores
+# expert parallelism's dispatch/combine: torch.distributed, or the shared-memory library (GIL released / held)
+MOE_EXCHANGES = ("gloo", "native", "native-gil-held")
 DTYPES = ("float32", "bfloat16")  # torch dtype names (torch is imported when the engine needs it)
 KV_LAYOUTS = ("paged", "contiguous")
 GEMMS = ("torch", "blas", "blas-gil-held")

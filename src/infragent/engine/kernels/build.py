@@ -64,7 +64,7 @@ def cache_directory() -> Path:
 
 
 @contextlib.contextmanager
-def _builder(directory: Path) -> Iterator[None]:
+def build_lock(directory: Path) -> Iterator[None]:
     """Hold the build folder's lock (an flock: released when its holder dies, however it dies). Holding it, a
     torch `lock` file left there is stale — a build killed part-way — and would make every later start wait on
     it forever, so it goes."""
@@ -93,7 +93,7 @@ def load() -> None:
             scripts = sysconfig.get_path("scripts")  # the venv's bin holds the ninja of the `ninja` package
             if scripts not in os.environ.get("PATH", "").split(os.pathsep):
                 os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + scripts
-            with _builder(directory):
+            with build_lock(directory):
                 for library, sources, flags, folder in ((name, SOURCES, CFLAGS, directory),
                                                         (name.replace("kernels", "qgemm"), QGEMM_SOURCES,
                                                          QGEMM_CFLAGS, directory / "qgemm")):

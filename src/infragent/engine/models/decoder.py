@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.kda_layer import KDA
 from infragent.engine.models.layers import Attention, GatedMLP, Rotary, Weight, linear, rms_norm
+from infragent.engine.models.moe import MoE, Router
 from infragent.engine.models.shape import ModelShape
 from infragent.engine.quant.blocks import BlockLinear, BlockWeight
 from infragent.engine.quant.blocks_a8 import A8_KINDS, BlockLinearA8
@@ -39,7 +40,7 @@ class DecoderModel:
         self.final_norm = take("model.norm.weight")
         self.kernels = False  # native fused kernels for the residual add + RMSNorm and the MLP's silu * up
         self.rotary = rotary = Rotary(shape.head_dim, shape.rope_theta, shape.max_position_embeddings, dtype)
-        self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP]] = []
+        self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP | MoE]] = []
         attention_index = kda_index = 0
         for i, kind in enumerate(shape.layer_kinds):
             p = f"model.layers.{i}."
@@ -55,8 +56,7 @@ class DecoderModel:
                 mixer = KDA(kda_w, shape.kda_num_heads, shape.kda_head_k_dim, shape.kda_head_v_dim,
                             shape.rms_eps, shape.kda_chunk_size, kda_index)
                 kda_index += 1
-            mlp = GatedMLP(take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight"),
-                           take(p + "mlp.down_proj.weight"))
+            mlp = moe_layer(shape, p + "mlp.", take) if shape.is_moe_layer(i) else gated_mlp(p + "mlp.", take)
             self.layers.append((take(p + "input_layernorm.weight"), mixer,
                                 take(p + "post_attention_layernorm.weight"), mlp))
 
@@ -65,12 +65,19 @@ class DecoderModel:
         sites: list[tuple[object, str]] = []
         for _, mixer, _, mlp in self.layers:
             names = ("qkv", "o") if isinstance(mixer, Attention) else ("w_in", "o_proj")
-            sites += [(mixer, name) for name in names] + [(mlp, "gate_up"), (mlp, "down")]
+            sites += [(mixer, name) for name in names]
+            for ffn in (mlp.experts + ([mlp.shared] if mlp.shared else []) if isinstance(mlp, MoE) else [mlp]):
+                sites += [(ffn, "gate_up"), (ffn, "down")]
         return sites
 
     def linears(self) -> list[tuple[object, str]]:
         """(owner, attribute) of every linear: the projections, then the LM head."""
         return self.projections() + [(self, "lm_head")]
+
+    def expert_load(self) -> dict[int, tuple[list[int], list[int]]]:
+        """Per MoE layer index: (tokens per expert since load, tokens per expert in the last step)."""
+        return {i: (mlp.tokens_per_expert.tolist(), mlp.last_step.tolist())
+                for i, (_, _, _, mlp) in enumerate(self.layers) if isinstance(mlp, MoE)}
 
     def use_block_kernels(self, native: bool) -> None:
         """Run the stored-block weights (embedding lookup, projections, LM head) through the native kernels."""
@@ -173,3 +180,19 @@ class DecoderModel:
         """Bytes of weights one decode step streams: every linear, norm and the LM head (not the embedding)."""
         norms = [self.final_norm] + [t for norm_in, _, norm_post, _ in self.layers for t in (norm_in, norm_post)]
         return self.projection_bytes() + self.lm_head.weight_bytes() + sum(t.nbytes for t in norms)
+
+
+def gated_mlp(prefix: str, take: Callable[[str], Weight]) -> GatedMLP:
+    """The SwiGLU MLP whose gate, up and down projections are named under prefix."""
+    return GatedMLP(take(prefix + "gate_proj.weight"), take(prefix + "up_proj.weight"),
+                    take(prefix + "down_proj.weight"))
+
+
+def moe_layer(shape: ModelShape, prefix: str, take: Callable[[str], Weight]) -> MoE:
+    """The MoE layer under prefix: router (gate), experts.{e} (this rank's, under expert parallelism), and
+    shared_expert when the shape has one."""
+    router = Router(take(prefix + "gate.weight"), shape.num_experts_per_tok, shape.router_scoring)
+    first, last = shape.local_experts or (0, shape.num_experts)
+    experts = [gated_mlp(f"{prefix}experts.{e}.", take) for e in range(first, last)]
+    shared = gated_mlp(prefix + "shared_expert.", take) if shape.shared_expert_intermediate_size else None
+    return MoE(router, experts, shared, first)

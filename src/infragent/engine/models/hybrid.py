@@ -1,4 +1,5 @@
-"""The hybrid family: KDA and GQA attention layers in a configurable ratio, random init from a seed."""
+"""The hybrid family: KDA and GQA attention layers in a configurable ratio, random init from a seed; hybrid-moe
+adds mixture-of-experts feed-forward layers after the first dense ones."""
 from __future__ import annotations
 
 import math
@@ -9,20 +10,25 @@ from infragent.engine.config import HybridConfig
 from infragent.engine.models.shape import ModelShape
 
 
-def hybrid_shape(cfg: HybridConfig, vocab_size: int) -> ModelShape:
-    """The architecture the hybrid config describes."""
+def hybrid_shape(cfg: HybridConfig, vocab_size: int, moe: bool = False) -> ModelShape:
+    """The architecture the hybrid config describes (with its MoE layers when moe)."""
+    experts = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                   moe_intermediate_size=cfg.moe_intermediate_size,
+                   shared_expert_intermediate_size=cfg.shared_expert_intermediate_size,
+                   router_scoring=cfg.router_scoring, first_dense_layers=cfg.first_dense_layers) if moe else {}
     return ModelShape(
-        name="hybrid", vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        name="hybrid-moe" if moe else "hybrid", vocab_size=vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
         layer_kinds=tuple(cfg.layer_kinds()), num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
         kda_num_heads=cfg.kda_num_heads, kda_head_k_dim=cfg.kda_head_k_dim, kda_head_v_dim=cfg.kda_head_v_dim,
-        kda_chunk_size=cfg.kda_chunk_size)
+        kda_chunk_size=cfg.kda_chunk_size, **experts)
 
 
-def init_hybrid(cfg: HybridConfig, vocab_size: int) -> tuple[ModelShape, dict[str, torch.Tensor]]:
+def init_hybrid(cfg: HybridConfig, vocab_size: int, moe: bool = False) -> tuple[ModelShape, dict[str, torch.Tensor]]:
     """Random fp32 weights (HF-style names) for the hybrid model; the same seed gives the same model."""
-    shape = hybrid_shape(cfg, vocab_size)
+    shape = hybrid_shape(cfg, vocab_size, moe)
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def linear(out_features: int, in_features: int) -> torch.Tensor:
@@ -37,9 +43,10 @@ def init_hybrid(cfg: HybridConfig, vocab_size: int) -> tuple[ModelShape, dict[st
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = torch.ones(hid)
         w[p + "post_attention_layernorm.weight"] = torch.ones(hid)
-        w[p + "mlp.gate_proj.weight"] = linear(inter, hid)
-        w[p + "mlp.up_proj.weight"] = linear(inter, hid)
-        w[p + "mlp.down_proj.weight"] = linear(hid, inter) / math.sqrt(2 * shape.num_layers)
+        if shape.is_moe_layer(i):
+            w.update(moe_weights(shape, p + "mlp.", linear))
+        else:
+            w.update(mlp_weights(shape, p + "mlp.", inter, linear))
         if kind == "attention":
             h, kvh, d = shape.num_heads, shape.num_kv_heads, shape.head_dim
             w[p + "self_attn.q_proj.weight"] = linear(h * d, hid)
@@ -61,3 +68,20 @@ def init_hybrid(cfg: HybridConfig, vocab_size: int) -> tuple[ModelShape, dict[st
             w[k + "o_norm.weight"] = torch.ones(dv)
             w[k + "o_proj.weight"] = linear(hid, h * dv) / math.sqrt(2 * shape.num_layers)
     return shape, w
+
+
+def mlp_weights(shape: ModelShape, prefix: str, inter: int, linear) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """A SwiGLU MLP's gate, up and down projections under prefix."""
+    hid = shape.hidden_size
+    return {prefix + "gate_proj.weight": linear(inter, hid), prefix + "up_proj.weight": linear(inter, hid),
+            prefix + "down_proj.weight": linear(hid, inter) / math.sqrt(2 * shape.num_layers)}
+
+
+def moe_weights(shape: ModelShape, prefix: str, linear) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """An MoE layer's router (gate), experts and shared expert, named as Qwen2-MoE-style checkpoints do."""
+    w = {prefix + "gate.weight": linear(shape.num_experts, shape.hidden_size)}
+    for e in range(shape.num_experts):
+        w.update(mlp_weights(shape, f"{prefix}experts.{e}.", shape.moe_intermediate_size, linear))
+    if shape.shared_expert_intermediate_size:
+        w.update(mlp_weights(shape, prefix + "shared_expert.", shape.shared_expert_intermediate_size, linear))
+    return w

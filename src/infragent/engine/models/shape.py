@@ -24,6 +24,13 @@ class ModelShape:
     kda_head_k_dim: int = 0
     kda_head_v_dim: int = 0
     kda_chunk_size: int = 32
+    num_experts: int = 0  # 0: every feed-forward layer is a dense MLP
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    router_scoring: str = "softmax"
+    first_dense_layers: int = 0
+    local_experts: tuple[int, int] | None = None  # [first, last) expert ids this rank holds; None: all
 
     @property
     def num_layers(self) -> int:
@@ -36,6 +43,10 @@ class ModelShape:
     @property
     def num_kda_layers(self) -> int:
         return self.layer_kinds.count("kda")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer's feed-forward is a mixture of experts."""
+        return self.num_experts > 0 and layer >= self.first_dense_layers
 
     def kernel_sizes(self) -> dict[str, int]:
         """The sizes the native kernels vectorize over (each must be a multiple of 16 for them to run)."""

@@ -7,27 +7,39 @@ import torch
 from infragent.engine.kernels.build import use_native_kernels
 from infragent.engine.kv_cache import KDAStateCache, KVCache, kv_formats
 from infragent.engine.models.decoder import DecoderModel
+from infragent.engine.models.layers import GatedMLP
 from infragent.engine.models.shape import ModelShape
+from infragent.engine.parallel.expert import drop_foreign_experts, make_expert_parallel
 from infragent.engine.parallel.layers import RowParallel, VocabParallelHead
 from infragent.engine.parallel.shard import bounds, shard_weights
 
 
 def shard_model(config, shape: ModelShape, weights: dict[str, torch.Tensor], rank: int,  # noqa: ANN001
                 world: int) -> DecoderModel:
-    """Rank's DecoderModel over its weight slices, with row-parallel and vocab-parallel layers."""
-    local_shape, local = shard_weights(shape, weights, rank, world)
+    """Rank's DecoderModel over its weight slices: row-parallel and vocab-parallel layers under tensor
+    parallelism, its share of the experts behind an exchange under expert parallelism."""
+    local_shape, local = shape, weights
+    if config.expert_parallel_size > 1:
+        local_shape = drop_foreign_experts(shape, weights, rank, world)
+    if config.tensor_parallel_size > 1:
+        local_shape, local = shard_weights(local_shape, weights, rank, world)
     model = DecoderModel(local_shape, local, config.torch_dtype, consume=True)
-    make_tensor_parallel(model, rank, world, shape.vocab_size, config.tp_partial_precision)
+    if config.tensor_parallel_size > 1:
+        make_tensor_parallel(model, rank, world, shape.vocab_size, config.tp_partial_precision)
+    if config.expert_parallel_size > 1:
+        make_expert_parallel(model, rank, world, config.moe_exchange, config.max_num_batched_tokens)
     model.use_kda_decode(config.kda_decode_impl, config.kda_bv_tile, config.kda_head_split)
     return model
 
 
 def make_tensor_parallel(model: DecoderModel, rank: int, world: int, vocab_size: int, precision: str) -> None:
-    """Wrap a rank's shard: row-parallel o/down/o_proj, vocab-parallel LM head."""
+    """Wrap a rank's shard: row-parallel o/down/o_proj, vocab-parallel LM head. MoE layers are whole on every
+    rank (shard.py does not split experts), so they need no reduction."""
     for _, mixer, _, mlp in model.layers:
         name = "o" if hasattr(mixer, "qkv") else "o_proj"
         setattr(mixer, name, RowParallel(getattr(mixer, name), precision))
-        mlp.down = RowParallel(mlp.down, precision)
+        if isinstance(mlp, GatedMLP):
+            mlp.down = RowParallel(mlp.down, precision)
     model.lm_head = VocabParallelHead(model.lm_head, bounds(vocab_size, world, rank)[0], vocab_size)
 
 
@@ -41,7 +53,7 @@ def load_weights(config) -> tuple[ModelShape, dict[str, torch.Tensor]]:  # noqa:
     gguf = read_gguf(config.gguf_path)
     if config.model == "llama":
         return load_llama(gguf)
-    return init_hybrid(config.hybrid, Tokenizer.from_reader(gguf).vocab_size)
+    return init_hybrid(config.hybrid, Tokenizer.from_reader(gguf).vocab_size, config.model == "hybrid-moe")
 
 
 def stage_model(config, shape: ModelShape, weights: dict[str, torch.Tensor], stage: int,  # noqa: ANN001

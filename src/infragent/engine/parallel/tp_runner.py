@@ -1,6 +1,7 @@
-"""Tensor-parallel execution: rank 0 (the driver, inside LLMEngine) schedules and prepares each step, sends
-the step's inputs to the workers, and every rank runs its shard of the same forward; partial sums meet in
-all-reduces, and the LM head picks greedy tokens without gathering the vocabulary.
+"""Tensor- and expert-parallel execution: rank 0 (the driver, inside LLMEngine) schedules and prepares each
+step, sends the step's inputs to the workers, and every rank runs its shard of the same forward; partial sums
+meet in all-reduces, MoE tokens in all-to-alls (expert.py), and the LM head picks greedy tokens without
+gathering the vocabulary.
 
 Every rank runs `execute` with the same plan, so the collectives line up: the plan lists which hidden rows
 need full logits (sampling, prompt log-probabilities) and which only a greedy token.
@@ -15,6 +16,7 @@ from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.layers import rms_norm
 from infragent.engine.parallel.build import build_shard
 from infragent.engine.parallel.group import check_ranks, init_group, serve_steps, spawn_ranks, stop_ranks
+from infragent.engine.parallel.layers import VocabParallelHead
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import sample
 from infragent.engine.scheduler import ScheduledBatch
@@ -30,10 +32,16 @@ def execute(model: DecoderModel, kv_cache: KVCache, kda_states: KDAStateCache | 
     if kda_states is not None:
         kda_states.reset(fresh_slots)
     hidden = model.forward(inputs, kv_cache, kda_states)
+    split_head = isinstance(model.lm_head, VocabParallelHead)
+    if not split_head and dist.get_rank() > 0:  # a whole LM head (expert parallelism alone): rank 0's answer
+        return []
     results = []
     for kind, rows in plan:
         x = rms_norm(hidden.index_select(0, rows), model.final_norm, model.shape.rms_eps)
-        results.append(model.lm_head.greedy(x) if kind == "greedy" else model.lm_head(x).float())
+        if kind == "full":
+            results.append(model.lm_head(x).float())
+        else:
+            results.append(model.lm_head.greedy(x) if split_head else model.lm_head(x).float().argmax(dim=1))
     return results
 
 

@@ -172,3 +172,5 @@ class AsyncEngine(ServingEngine):
             kv_blocks_total=engine.blocks.num_blocks,
             state_slots_used=(slots.num_slots - len(slots.free)) if slots else 0,
             state_slots_total=slots.num_slots if slots else 0, prompt_tokens_computed=engine.prompt_tokens_computed)
+        if engine.shape.num_experts:
+            self.metrics.set_expert_load(engine.model.expert_load())
