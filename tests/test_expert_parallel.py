@@ -78,3 +78,25 @@ def test_bad_expert_parallel_configs_name_the_field(knobs, message):
 def test_expert_parallelism_needs_experts():
     with pytest.raises(ConfigError, match="expert_parallel_size: 2 needs model hybrid-moe"):
         EngineConfig(model="hybrid", expert_parallel_size=2)
+
+
+def test_analyze_reports_rank_balance_and_the_exchange_share_of_prefill():
+    from infragent.analysis.trace_load import columns_from_trace
+    from infragent.probes.analyze import analyze
+
+    llm = LLM(model="hybrid-moe", hybrid=SMALL, kv_cache_gb=0.02, max_model_len=128, expert_parallel_size=2)
+    try:
+        with Recorder() as rec:
+            llm.generate(PROMPTS[:4], SamplingParams(max_tokens=1, ignore_eos=True))
+        tokens = sum(len(llm.engine.tokenizer.encode(p)) for p in PROMPTS[:4])
+    finally:
+        llm.close()
+    experts = rec.trace().named("moe.experts")
+    rows = [sum(s.attrs["rows_per_rank"][r] for s in experts) for r in range(2)]
+    assert sum(rows) == tokens * 2 * 3  # every prompt token, top-2, in each of the 3 MoE layers
+    feedback = analyze(columns_from_trace(rec.trace()))
+    imbalance = max(rows) / (sum(rows) / 2)
+    assert feedback.numbers["moe_rank_imbalance"].value == pytest.approx(imbalance, abs=1e-3)
+    share = feedback.numbers["moe_exchange_share_of_prefill"].value
+    assert 0 < share < 100
+    assert f"rows per expert-parallel rank {rows}" in feedback.finding

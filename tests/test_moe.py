@@ -124,3 +124,20 @@ def test_bad_moe_configs_name_the_field(fields, message):
 
 def test_the_dense_hybrid_ignores_the_moe_fields():
     EngineConfig(model="hybrid", hybrid=HybridConfig(num_experts_per_tok=9))
+
+
+def test_the_quality_probe_runs_on_the_moe_model_with_its_experts_quantized():
+    from infragent.probes.quality import QualityPlan, quality_of
+
+    feedback = quality_of("hybrid-moe", {"quantization": "w8a8"}, QualityPlan(windows=2, window=32, prompts=2))
+    assert {"kl_divergence", "greedy_agreement", "perplexity_increase"} <= set(feedback.numbers)
+    assert feedback.numbers["kl_divergence"].value > 0  # int8 experts change the numbers: the probe sees them
+
+
+def test_weight_quantization_reaches_every_expert():
+    llm = tiny_moe_llm(weight_format="int8")
+    moe = llm.engine.model.layers[1][3]
+    for ffn in [*moe.experts, moe.shared]:
+        assert type(ffn.gate_up).__name__ == type(ffn.down).__name__ == "BlockLinear"
+    assert type(moe.router.gate).__name__ == "Linear"  # routing stays fp32
+    assert llm.generate(["Experts"], SamplingParams(max_tokens=3, temperature=0.0))[0].token_ids

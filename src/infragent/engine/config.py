@@ -248,8 +248,11 @@ class EngineConfig:
                               f"{', '.join(PARTIAL_PRECISIONS)}")
         world = max(self.lockstep_ranks, self.pipeline_parallel_size)
         if world > 1:
+            # kv_transfer needs rank 0 to hold every layer's whole KV: not so under tensor or pipeline parallelism
+            split_kv = self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1
             clash = [name for name, on in (("speculative", self.speculative), ("quantization", self.quantization),
-                                           ("kv_transfer", self.kv_transfer), ("gemm", self.gemm != "torch"),
+                                           ("kv_transfer", self.kv_transfer and split_kv),
+                                           ("gemm", self.gemm != "torch"),
                                            ("kv_cache_dtypes", self.kv_cache_dtypes is not None
                                             and self.pipeline_parallel_size > 1))
                      if on]

@@ -13,6 +13,7 @@ from infragent.analysis.breakdown import breakdown, temporal_breakdown
 from infragent.analysis.critical_path import critical_path
 from infragent.analysis.diff import diff
 from infragent.analysis.idle import idle
+from infragent.analysis.moe import describe, moe_balance
 from infragent.analysis.overlap import comm_comp_overlap, matrix, never_overlapping, overlap
 from infragent.analysis.trace_columns import TraceColumns
 from infragent.analysis.trace_load import load_columns
@@ -41,6 +42,14 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
         for part in ("compute", "non_compute", "idle"):
             numbers[f"gpu_{part}_pct"] = Measure(round(tb.pct(part), 2), "%")
         numbers["comm_comp_overlap_pct"] = Measure(round(comm_comp_overlap(c), 2), "%")
+    balance = moe_balance(c)
+    if balance is not None:
+        details["moe"] = {**asdict(balance), "rank_imbalance": balance.rank_imbalance}
+        if balance.rank_imbalance is not None:
+            numbers["moe_rank_imbalance"] = Measure(round(balance.rank_imbalance, 3), "max/mean")
+        if balance.exchange_share_of_prefill is not None:
+            numbers["moe_exchange_share_of_prefill"] = Measure(round(100 * balance.exchange_share_of_prefill, 2), "%")
+        findings.append(describe(balance))
     labels, share = matrix(c, "cat")
     details["overlap_matrix"] = {"labels": labels, "share": share.round(4).tolist()}
     for a, b in overlaps or []:

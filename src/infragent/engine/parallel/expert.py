@@ -63,15 +63,19 @@ class NativeTransport:
     released in its calls; the segment is joined at the first call (every rank makes it in lock step)."""
 
     def __init__(self, rank: int, world: int, capacity: int, release_gil: bool) -> None:
-        self.name = "native" if release_gil else "native-gil-held"
         self.rank, self.world, self.capacity, self.release_gil = rank, world, capacity, release_gil
         self._exchange = None
+
+    @property
+    def name(self) -> str:
+        return "native" if self.release_gil else "native-gil-held"
 
     def all_to_all(self, send: torch.Tensor, send_rows: list[int], recv_rows: list[int]) -> torch.Tensor:
         if self._exchange is None:
             from infragent.engine.parallel.native_exchange import NativeAllToAll
 
             self._exchange = NativeAllToAll(self.rank, self.world, self.capacity, self.release_gil)
+        self._exchange.release_gil = self.release_gil  # this process's choice (set_exchange_gil may change it)
         return self._exchange(send, send_rows, recv_rows)
 
     def all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -131,6 +135,14 @@ class ExpertExchange:
         pieces = self.transport.all_gather(padded)
         return torch.cat([p[:b - a] for p, (a, b) in
                           zip(pieces, (bounds(tokens, self.world, r) for r in range(self.world)))])
+
+
+def set_exchange_gil(model, release: bool) -> None:  # noqa: ANN001 (DecoderModel)
+    """Make this process's native dispatch/combine calls release the GIL (True) or hold it (False): only the
+    process whose other threads need the GIL cares, so a benchmark may flip rank 0 alone between twins."""
+    for _, _, _, mlp in model.layers:
+        if isinstance(mlp, MoE) and isinstance(getattr(mlp.exchange, "transport", None), NativeTransport):
+            mlp.exchange.transport.release_gil = release
 
 
 def make_expert_parallel(model, rank: int, world: int, transport: str, max_tokens: int) -> None:  # noqa: ANN001

@@ -62,13 +62,16 @@ class NativeAllToAll:
     def __init__(self, rank: int, world: int, capacity: int, release_gil: bool) -> None:
         """capacity: the most bytes one rank sends another in one call. Collective: joins the group's segment
         (rank 0 makes it and tells the others its name over the process group)."""
-        loader = ctypes.CDLL if release_gil else ctypes.PyDLL
-        self._exchange = loader(str(library_path())).ie_exchange
-        self._exchange.restype = ctypes.c_int
-        self._exchange.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_uint64,
-                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                   ctypes.c_void_p, ctypes.c_double, ctypes.POINTER(ctypes.c_int)]
-        self.rank, self.world, self.capacity, self.release_gil = rank, world, capacity, release_gil
+        self._calls = {}  # release_gil -> the entry point, loaded through CDLL (True) or PyDLL (False)
+        for release, loader in ((True, ctypes.CDLL), (False, ctypes.PyDLL)):
+            call = loader(str(library_path())).ie_exchange
+            call.restype = ctypes.c_int
+            call.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_uint64,
+                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_double, ctypes.POINTER(ctypes.c_int)]
+            self._calls[release] = call
+        self.rank, self.world, self.capacity = rank, world, capacity
+        self.release_gil = release_gil  # per process: the peers need not agree
         self.seq = 0
         size = ctypes.CDLL(str(library_path())).ie_segment_bytes
         size.restype, size.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_int64]
@@ -103,7 +106,7 @@ class NativeAllToAll:
         recv_bytes = (ctypes.c_int64 * self.world)(*(n * row_bytes for n in recv_rows))
         self.seq += 1
         peer = ctypes.c_int(-1)
-        code = self._exchange(self.base, self.capacity, self.rank, self.world, self.seq, send.data_ptr(),
+        code = self._calls[self.release_gil](self.base, self.capacity, self.rank, self.world, self.seq, send.data_ptr(),
                               send_bytes, recv.data_ptr(), recv_bytes, self.pids, TIMEOUT_S, ctypes.byref(peer))
         if code:
             what = ERRORS.get(code, f"failed with code {code}").format(timeout=TIMEOUT_S, capacity=self.capacity)
