@@ -5,6 +5,7 @@ outside the worktree changes."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -46,8 +47,10 @@ def cited(ledger: Ledger, run_id: int, cite: str) -> float:
 
 
 def run_ladder(name: str, tmp_path: Path) -> tuple[Ledger, int, list]:
+    """The ladder on a copy of a pack (PACK:VARIANT: the pack's VARIANT.toml)."""
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    outcome = optimize(pack_copy(name, tmp_path) / "spec.toml", ledger, Budget(probes=5, minutes=10),
+    pack, _, variant = name.partition(":")
+    outcome = optimize(pack_copy(pack, tmp_path) / f"{variant or 'spec'}.toml", ledger, Budget(probes=5, minutes=10),
                        log=lambda line: None)
     return ledger, outcome.run_id, outcome.hypotheses
 
@@ -57,6 +60,8 @@ def run_ladder(name: str, tmp_path: Path) -> tuple[Ledger, int, list]:
     ("kda-decode-padding", ["the FP32 work in", "kda.qk_norm", "kda.gate", "is redone in every kda.v_tile: 4x per call",
                             "kda.state does more FLOPs than the reference's (padded)"]),
     ("kv-transfer-gil", ["thread kv-transfer is starved of the GIL", "never overlap", "gemm @ MainThread"]),
+    # the MoE setting: the transfer never overlaps the main thread's dispatch or combine (checked below)
+    ("kv-transfer-gil:moe", ["thread kv-transfer is starved of the GIL", "kv.transfer @ kv-transfer", "never overlap"]),
 ])
 def test_the_ladder_names_the_true_cause_within_five_probes(pack: str, words: list[str], tmp_path: Path) -> None:
     ledger, run_id, hypotheses = run_ladder(pack, tmp_path)
@@ -64,6 +69,8 @@ def test_the_ladder_names_the_true_cause_within_five_probes(pack: str, words: li
     assert named is not None, f"no supported hypothesis says {words}: {[h.claim for h in hypotheses]}"
     used, hypothesis = named
     assert used <= 5 and hypothesis["status"] == "supported"
+    if pack == "kv-transfer-gil:moe":
+        assert re.search(r"moe\.(dispatch|combine) @ MainThread", hypothesis["claim"]), hypothesis["claim"]
     assert all(r["probe"] != "hypothesis" for r in ledger.probe_results(run_id))  # hypotheses are their own records
     settled = [h for h in hypotheses if h.status == "supported"]
     for h in settled:

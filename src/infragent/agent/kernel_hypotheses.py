@@ -153,11 +153,13 @@ def _gil_starvation(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypot
         thread, span = starving["thread"], starving["span"]
         waited = _number(gil, f"{thread}.waited")
         parts.append(f"thread {thread} is starved of the GIL: waited {waited:.0f}% of its span time in {span}"
-                     + (f" while {starving['holder']} held it in {starving['holder_span']}" if "holder" in starving else ""))
+                     + (f" while {starving['holder']} held it in {starving['holder_span']}" if "holder" in starving else "")
+                     + (f", mostly in {starving['holder_function']}" if "holder_function" in starving else ""))
         cites[f"ladder/gil:numbers/{thread}.waited/value"] = waited
         spans += [span, starving.get("holder_span", "")]
     if never:
-        index = _working_pair(never, (trace or {}).get("details", {}).get("top_spans", []))
+        touched = {span for knob in knobs.values() for span in knob.touches}
+        index = _working_pair(never, (trace or {}).get("details", {}).get("top_spans", []), touched)
         pair = never[index]
         executing = pair.get("executing_share_of_a")
         parts.append(f"{pair['a']} and {pair['b']} never overlap"
@@ -171,17 +173,22 @@ def _gil_starvation(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypot
                       evidence=[r["finding"] for r in (trace, gil) if r], cites=cites)
 
 
-def _working_pair(never: list[dict], top_spans: list[dict]) -> int:
-    """Which never-overlapping pair to name: the one whose span does the most work of its own (exclusive time
-    in the trace's breakdown), so a leaf call (gemm) is named rather than a parent around it (step, attention)
-    that happens to qualify too; then the least overlap, then the analysis's order."""
+def _working_pair(never: list[dict], top_spans: list[dict], touched: set[str] = frozenset()) -> int:
+    """Which never-overlapping pair to name: first one whose spans a knob touches (a cause the loop can act
+    on), then one whose spans were open at the same time yet never ran together (one side waited while the
+    other ran: the starvation signature, unlike a pair that merely alternates); among those, the one whose
+    span does the most work of its own (exclusive time in the trace's breakdown), so a leaf call (gemm) is
+    named rather than a parent around it (step) that qualifies too; then the least overlap, then the
+    analysis's order."""
     own = {row["key"]: row.get("exclusive_ns", 0) for row in top_spans}
 
     def rank(i: int) -> tuple:
         pair = never[i]
-        work = max(own.get(pair[side].split(" @ ")[0], 0) for side in ("a", "b"))
+        names = [pair[side].split(" @ ")[0] for side in ("a", "b")]
+        work = max(own.get(name, 0) for name in names)
         executing = pair.get("executing_share_of_a")
-        return -work, 1.0 if executing is None else executing, i
+        acted_on = sum(name in touched for name in names)
+        return -acted_on, pair.get("overlap_ns", 0) <= 0, -work, 1.0 if executing is None else executing, i
 
     return min(range(len(never)), key=rank)
 

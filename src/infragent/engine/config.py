@@ -48,6 +48,7 @@ class HybridConfig:
     shared_expert_intermediate_size: int = 384  # 0: no shared expert
     router_scoring: str = "softmax"  # or sigmoid
     first_dense_layers: int = 1
+    router_skew: float = 0.0  # > 0: a routing bias rising to this at the last expert (an expert-load imbalance)
 
     def check_moe(self) -> None:
         """ConfigError naming the hybrid field whose MoE value cannot build a model."""

@@ -247,14 +247,22 @@ PACKS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def resolve_spec(spec: str | Path | None) -> Path:
-    """A spec file, a scenario-pack folder (its spec.toml), a pack name, or None for the engine-slo pack."""
+    """A spec file, a scenario-pack folder (its spec.toml), a pack name, PACK:VARIANT (the pack's VARIANT.toml,
+    e.g. kv-transfer-gil:moe), or None for the engine-slo pack."""
     if spec is None:
         return PACKS / "engine-slo" / "spec.toml"
     path = Path(spec)
+    pack, _, variant = str(spec).partition(":")
     if path.is_dir():
         path = path / "spec.toml"
     elif not path.exists() and (PACKS / str(spec) / "spec.toml").exists():
         path = PACKS / str(spec) / "spec.toml"
+    elif not path.exists() and variant and (PACKS / pack / "spec.toml").exists():
+        path = PACKS / pack / f"{variant}.toml"
+        if not path.exists():
+            variants = sorted(p.stem for p in (PACKS / pack).glob("*.toml") if p.stem != "spec")
+            raise SpecError(f"{spec}: pack {pack} has no variant {variant!r}"
+                            + (f" (variants: {', '.join(variants)})" if variants else " (it has no variants)"))
     if not path.exists():
         packs = ", ".join(sorted(p.name for p in PACKS.iterdir() if (p / "spec.toml").exists())) if PACKS.exists() else ""
         raise SpecError(f"{spec}: no such spec file or scenario pack" + (f" (packs: {packs})" if packs else ""))

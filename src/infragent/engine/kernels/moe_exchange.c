@@ -10,7 +10,6 @@
 //   receive  for each source, wait for ready == seq, check the size, copy the rows out, publish done = seq.
 // A rank that dies ends the wait within ~20 ms, one that is stuck after timeout_s: an error code, not a hang.
 #define _GNU_SOURCE
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,8 +47,9 @@ static int gone(int pid) {
   return state == NULL || state[1] == 0 || state[2] == 'Z' || state[2] == 'X';
 }
 
-// Spin briefly, then yield the CPU between looks (two ranks may share two cores with other work); every
-// ~20 ms look whether the peer is still there.
+// Spin briefly, then sleep 20 us between looks, so a waiting rank leaves its core to the rest of the machine
+// (its own process's other threads included, when the caller released the GIL); every ~20 ms look whether the
+// peer is still there.
 static int wait_for(volatile uint64_t* word, uint64_t value, double deadline, int peer_pid) {
   double next_check = now() + 0.02;
   for (int spins = 0;; ++spins) {
@@ -60,8 +60,9 @@ static int wait_for(volatile uint64_t* word, uint64_t value, double deadline, in
 #endif
       continue;
     }
-    sched_yield();
-    if ((spins & 63) == 0) {
+    const struct timespec nap = {0, 20000};
+    nanosleep(&nap, NULL);
+    if ((spins & 7) == 0) {
       const double t = now();
       if (t > deadline) return kTimeout;
       if (t > next_check) {

@@ -191,7 +191,8 @@ def gated_mlp(prefix: str, take: Callable[[str], Weight]) -> GatedMLP:
 def moe_layer(shape: ModelShape, prefix: str, take: Callable[[str], Weight]) -> MoE:
     """The MoE layer under prefix: router (gate), experts.{e} (this rank's, under expert parallelism), and
     shared_expert when the shape has one."""
-    router = Router(take(prefix + "gate.weight"), shape.num_experts_per_tok, shape.router_scoring)
+    bias = take(prefix + "gate.e_score_correction_bias") if shape.router_skew else None
+    router = Router(take(prefix + "gate.weight"), shape.num_experts_per_tok, shape.router_scoring, bias)
     first, last = shape.local_experts or (0, shape.num_experts)
     experts = [gated_mlp(f"{prefix}experts.{e}.", take) for e in range(first, last)]
     shared = gated_mlp(prefix + "shared_expert.", take) if shape.shared_expert_intermediate_size else None

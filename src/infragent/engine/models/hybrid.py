@@ -15,7 +15,8 @@ def hybrid_shape(cfg: HybridConfig, vocab_size: int, moe: bool = False) -> Model
     experts = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
                    moe_intermediate_size=cfg.moe_intermediate_size,
                    shared_expert_intermediate_size=cfg.shared_expert_intermediate_size,
-                   router_scoring=cfg.router_scoring, first_dense_layers=cfg.first_dense_layers) if moe else {}
+                   router_scoring=cfg.router_scoring, first_dense_layers=cfg.first_dense_layers,
+                   router_skew=cfg.router_skew) if moe else {}
     return ModelShape(
         name="hybrid-moe" if moe else "hybrid", vocab_size=vocab_size, hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -80,6 +81,8 @@ def mlp_weights(shape: ModelShape, prefix: str, inter: int, linear) -> dict[str,
 def moe_weights(shape: ModelShape, prefix: str, linear) -> dict[str, torch.Tensor]:  # noqa: ANN001
     """An MoE layer's router (gate), experts and shared expert, named as Qwen2-MoE-style checkpoints do."""
     w = {prefix + "gate.weight": linear(shape.num_experts, shape.hidden_size)}
+    if shape.router_skew:  # a load imbalance on purpose: later experts (later ranks) chosen more often
+        w[prefix + "gate.e_score_correction_bias"] = torch.linspace(0.0, shape.router_skew, shape.num_experts)
     for e in range(shape.num_experts):
         w.update(mlp_weights(shape, f"{prefix}experts.{e}.", shape.moe_intermediate_size, linear))
     if shape.shared_expert_intermediate_size:

@@ -33,13 +33,16 @@ class Router:
     """Scores every expert for every token (softmax or sigmoid of x · W_gate), keeps the k best and normalizes
     their weights to sum to 1. Equal scores go to the lower expert id, on every rank and every run."""
 
-    def __init__(self, weight: torch.Tensor, top_k: int, scoring: str) -> None:
+    def __init__(self, weight: torch.Tensor, top_k: int, scoring: str, bias: torch.Tensor | None = None) -> None:
+        """bias [experts]: added to the scores to choose the experts only, not to weight them (DeepSeek-V3's
+        e_score_correction_bias); None: no bias."""
         if scoring not in SCORINGS:
             raise ValueError(f"router scoring: {scoring!r}; choose one of {', '.join(SCORINGS)}")
         if not 1 <= top_k <= weight.shape[0]:
             raise ValueError(f"num_experts_per_tok: {top_k} must be between 1 and the {weight.shape[0]} experts")
         self.gate = Linear(weight.float())  # routing stays fp32 whatever the experts' dtype
         self.top_k, self.scoring = top_k, scoring
+        self.bias = None if bias is None else bias.float()
 
     @property
     def num_experts(self) -> int:
@@ -48,9 +51,10 @@ class Router:
     def __call__(self, x: torch.Tensor) -> Routing:
         logits = self.gate(x.float())
         scores = torch.softmax(logits, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits)
+        choice = scores if self.bias is None else scores + self.bias
         # a stable descending sort keeps the lower expert id first among equal scores (topk does not promise it)
-        ordered, ids = torch.sort(scores, dim=-1, descending=True, stable=True)
-        top, ids = ordered[:, :self.top_k], ids[:, :self.top_k]
+        ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :self.top_k]
+        top = scores.gather(1, ids)
         return Routing(ids, top / top.sum(dim=-1, keepdim=True))
 
 

@@ -30,6 +30,7 @@ class ModelShape:
     shared_expert_intermediate_size: int = 0
     router_scoring: str = "softmax"
     first_dense_layers: int = 0
+    router_skew: float = 0.0  # a routing bias rising with the expert id (0: none; the layers then have no bias)
     local_experts: tuple[int, int] | None = None  # [first, last) expert ids this rank holds; None: all
 
     @property

@@ -25,12 +25,16 @@ from infragent.probes.inputs import Case
 
 PROMPT_TOKENS = 1024
 TOKEN_RANGE = (1000, 40000)
-# GLM/Kimi-Linear-class layout at CPU size: KDA and attention 1:1, MoE after the first layer, 8 experts top-2
-# with a shared expert; two ranks hold 4 experts each
-MODEL = HybridConfig(hidden_size=512, intermediate_size=1536, num_layers=8, kda_per_attention=1, num_kv_heads=8,
-                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512,
-                     shared_expert_intermediate_size=512)
-KV_CACHE_GB = 0.05
+# The device analogy on a CPU: in a GPU prefill the host thread spends its MoE layers inside dispatch/combine
+# waiting for the device, and the KV transfer is a real share of the (fast) prefill. Here rank 0's own compute
+# is small (narrow hidden size), its experts are cold (router_skew sends every token's top-2 to rank 1's
+# experts), so rank 0 waits in the exchange while rank 1 computes; the KV is wide (8 KV heads of 128) so the
+# transfer's Python work is ~5% of the prefill. Hybrid layout: KDA and attention 1:1, MoE after layer 0.
+MODEL = HybridConfig(hidden_size=64, intermediate_size=128, num_layers=4, kda_per_attention=1, num_heads=8,
+                     num_kv_heads=8, head_dim=128, kda_num_heads=2, kda_head_k_dim=32, kda_head_v_dim=32,
+                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
+                     shared_expert_intermediate_size=64, router_skew=1.0)
+KV_CACHE_GB = 0.1
 _PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)
 _ENGINE: list[LLMEngine] = []
 
