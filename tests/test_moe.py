@@ -141,3 +141,24 @@ def test_weight_quantization_reaches_every_expert():
         assert type(ffn.gate_up).__name__ == type(ffn.down).__name__ == "BlockLinear"
     assert type(moe.router.gate).__name__ == "Linear"  # routing stays fp32
     assert llm.generate(["Experts"], SamplingParams(max_tokens=3, temperature=0.0))[0].token_ids
+
+
+def test_a_routing_bias_chooses_the_experts_but_does_not_weight_them():
+    weight = torch.randn(6, 16, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(9, 16, generator=torch.Generator().manual_seed(6))
+    plain = Router(weight, top_k=2, scoring="softmax")
+    biased = Router(weight, top_k=2, scoring="softmax", bias=torch.tensor([0.0, 0, 0, 0, 5.0, 5.0]))
+    ids = biased(x).expert_ids
+    assert ids.sort(dim=1).values.tolist() == [[4, 5]] * 9
+    scores = torch.softmax(x @ plain.gate.weight_t, dim=-1).gather(1, ids)  # unbiased scores weight them
+    assert torch.allclose(biased(x).weights, scores / scores.sum(-1, keepdim=True))
+    assert plain(x).expert_ids.sort(dim=1).values.tolist() != [[4, 5]] * 9
+
+
+def test_pack_variants_resolve_and_a_missing_one_is_named():
+    from infragent.lab.spec import PACKS, SpecError, resolve_spec
+
+    assert resolve_spec("kv-transfer-gil:moe") == PACKS / "kv-transfer-gil" / "moe.toml"
+    with pytest.raises(SpecError, match=r"kv-transfer-gil:dense: pack kv-transfer-gil has no variant 'dense' "
+                                        r"\(variants: moe\)"):
+        resolve_spec("kv-transfer-gil:dense")
