@@ -6,7 +6,8 @@ rank (replicated, or split by heads under tensor parallelism on the same ranks).
 takes its own slice of the step's tokens, as a data-parallel attention rank would hold its own requests:
   route     the slice's top-k experts;
   dispatch  every rank learns every rank's per-expert counts (all-gather), then one all-to-all sends each
-            (token, slot) row to the rank that owns its expert, sorted by expert;
+            (token, slot) row to the rank that owns its expert, sorted by expert (so the counts tell the
+            receiver which expert each row is for: no ids travel with the rows);
   experts   one GEMM per local expert over the rows it received, from every rank;
   combine   the all-to-all back, in the order the rows were sent, then the weighted sum in slot order (the
             same arithmetic as one process), plus the shared expert on the slice;
@@ -95,7 +96,7 @@ class ExpertExchange:
         self.rank, self.world, self.transport = rank, world, transport
 
     def __call__(self, moe: MoE, x: torch.Tensor, native: bool) -> torch.Tensor:
-        tokens, hidden = x.shape
+        tokens = x.shape[0]
         t0, t1 = bounds(tokens, self.world, self.rank)
         mine = x[t0:t1]
         num_experts = moe.router.num_experts
@@ -109,16 +110,17 @@ class ExpertExchange:
             moe.record(counts.sum(dim=0))
             per_rank = counts.view(self.world, self.world, -1).sum(dim=2)  # [source, destination] rows
             order = torch.sort(flat, stable=True).indices  # grouped by expert, hence by destination rank
-            send = torch.cat([mine.index_select(0, order // routing.top_k), flat[order].unsqueeze(1).to(x.dtype)], 1)
+            send = mine.index_select(0, order // routing.top_k)
             send_rows, recv_rows = per_rank[self.rank].tolist(), per_rank[:, self.rank].tolist()
             received = self.transport.all_to_all(send, send_rows, recv_rows)
             if s is not None:  # recording: the rows this rank sent to and received from each rank
                 s.attrs.update(sent=send_rows, received=recv_rows)
         with span("moe.experts", rows=received.shape[0], rows_per_rank=per_rank.sum(dim=0).tolist()):
-            expert_of = received[:, hidden].long()
+            # each source sent its rows for this rank's experts in expert order, so the counts say whose is whose
+            local = counts[:, first:last]
+            expert_of = torch.arange(first, last).repeat(self.world).repeat_interleave(local.reshape(-1))
             grouped = torch.sort(expert_of, stable=True).indices
-            out = run_experts(moe.experts, received[grouped, :hidden], counts[:, first:last].sum(dim=0).tolist(),
-                              native)
+            out = run_experts(moe.experts, received[grouped], local.sum(dim=0).tolist(), native)
             result = torch.empty_like(out)
             result[grouped] = out
         with span("moe.combine", tokens=t1 - t0, transport=self.transport.name):
@@ -150,8 +152,8 @@ def make_expert_parallel(model, rank: int, world: int, transport: str, max_token
     the most tokens one step runs, which sizes the native transport's mailboxes)."""
     shape = model.shape
     slice_rows = -(-max_tokens // world)
-    # fp32 rows (the widest dtype): a slice's top-k rows with their expert id, or the counts (int64 per expert)
-    capacity = max(4 * slice_rows * shape.num_experts_per_tok * (shape.hidden_size + 1), 8 * shape.num_experts)
+    # fp32 rows (the widest dtype): a slice's top-k rows, or the counts (int64 per expert)
+    capacity = max(4 * slice_rows * shape.num_experts_per_tok * shape.hidden_size, 8 * shape.num_experts)
     shared = make_transport(transport, rank, world, capacity)
     for _, _, _, mlp in model.layers:
         if isinstance(mlp, MoE):
