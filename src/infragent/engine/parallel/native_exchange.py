@@ -62,9 +62,10 @@ class NativeAllToAll:
     def __init__(self, rank: int, world: int, capacity: int, release_gil: bool) -> None:
         """capacity: the most bytes one rank sends another in one call. Collective: joins the group's segment
         (rank 0 makes it and tells the others its name over the process group)."""
+        library = str(library_path())
         self._calls = {}  # release_gil -> the entry point, loaded through CDLL (True) or PyDLL (False)
         for release, loader in ((True, ctypes.CDLL), (False, ctypes.PyDLL)):
-            call = loader(str(library_path())).ie_exchange
+            call = loader(library).ie_exchange
             call.restype = ctypes.c_int
             call.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_uint64,
                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -73,7 +74,7 @@ class NativeAllToAll:
         self.rank, self.world, self.capacity = rank, world, capacity
         self.release_gil = release_gil  # per process: the peers need not agree
         self.seq = 0
-        size = ctypes.CDLL(str(library_path())).ie_segment_bytes
+        size = ctypes.CDLL(library).ie_segment_bytes
         size.restype, size.argtypes = ctypes.c_int64, [ctypes.c_int, ctypes.c_int64]
         self.segment = self._join(int(size(world, capacity)))
         self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.segment))

@@ -13,14 +13,16 @@ one prefill on one torch thread per rank and leaves the engine empty. Loaded by 
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from infragent.engine.config import EngineConfig, HybridConfig
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.parallel.expert import set_exchange_gil
-from infragent.engine.sampling import SamplingParams
 from infragent.probes.inputs import Case
 
 PROMPT_TOKENS = 1024
@@ -35,8 +37,18 @@ MODEL = HybridConfig(hidden_size=64, intermediate_size=128, num_layers=4, kda_pe
                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
                      shared_expert_intermediate_size=64, router_skew=1.0)
 KV_CACHE_GB = 0.1
-_PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)
 _ENGINE: list[LLMEngine] = []
+
+
+def _sibling(name: str) -> ModuleType:
+    """A module of this pack folder (not a package: loaded by path, as the loop loads this one)."""
+    spec = importlib.util.spec_from_file_location(f"kv_transfer_gil_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_DENSE = _sibling("workload")  # the GEMM case's prefill loop, one-thread guard and checks are shared
 
 
 def inputs(trial: int, gen: torch.Generator) -> Case:
@@ -67,7 +79,7 @@ def workload(release_gil: bool = False, prefills: int = 3) -> None:
 def engine() -> LLMEngine:
     """The cached EP=2 engine (built, with its second rank, and warmed on first use)."""
     if not _ENGINE:
-        with _one_thread():
+        with _DENSE._one_thread():
             built = LLMEngine(EngineConfig(model="hybrid-moe", hybrid=MODEL, expert_parallel_size=2,
                                            moe_exchange="native", kv_transfer=True, num_threads=1,
                                            kv_cache_gb=KV_CACHE_GB, max_model_len=2048, enable_prefix_caching=False))
@@ -112,36 +124,13 @@ def _warm(built: LLMEngine) -> None:
 
 
 def _run(prompt: torch.Tensor | list[int], transfer: bool, release_gil: bool) -> torch.Tensor:
+    """One prefill on the cached engine in one mode (workload.py's prefill loop and checks)."""
     built = engine()
-    token_ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
-    if built.has_unfinished():
-        raise RuntimeError("kv-transfer-gil moe workload: engine has unfinished requests before a prefill")
     set_exchange_gil(built.model, release_gil)
     kv_transfer, saved = built.kv_transfer, built.kv_cache.transfer
     if not transfer:  # detach the store for this call
         built.kv_transfer = built.kv_cache.transfer = None
     try:
-        with _one_thread():
-            built.model.last_logits = None
-            seq = built.add_request(token_ids, _PARAMS)
-            while built.has_unfinished():
-                built.step()
-            logits = built.model.last_logits
+        return _DENSE._run(built, prompt).float()
     finally:
         built.kv_transfer, built.kv_cache.transfer = kv_transfer, saved
-    if seq.finish_reason is None or logits is None or logits.shape[0] != 1:
-        raise RuntimeError(f"kv-transfer-gil moe workload: prefill did not finish with one sampled row "
-                           f"(finish_reason={seq.finish_reason})")
-    built.model.last_logits = None
-    return logits[0].float().clone()
-
-
-class _one_thread:
-    """torch on one thread inside a call (the second core is the other rank's and the transfer thread's)."""
-
-    def __enter__(self) -> None:
-        self.previous = torch.get_num_threads()
-        torch.set_num_threads(1)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self.previous)
