@@ -230,10 +230,10 @@ def test_a_measurement_taken_while_the_cpu_was_contended_is_not_kept(tmp_path, m
     model_file.write_bytes(b"0" * 100)
     config = EngineConfig(model="llama", num_threads=1)
     waits = iter([0, 10**12])  # a thousand seconds in the run queue during the measurement
-    monkeypatch.setattr(weight_choice, "_run_queue_ns", lambda: next(waits))
+    monkeypatch.setattr(weight_choice, "run_queue_ns", lambda: next(waits))
     busy = weight_choice.choose(config, model_file, linears, True, 4)
     assert "contended" in busy.reason and busy.cache is None and not (tmp_path / "kernels").exists()
-    monkeypatch.setattr(weight_choice, "_run_queue_ns", lambda: 0)
+    monkeypatch.setattr(weight_choice, "run_queue_ns", lambda: 0)
     quiet = weight_choice.choose(config, model_file, linears, True, 4)
     assert quiet.cache is not None and "contended" not in quiet.reason
     assert weight_choice.choose(config, model_file, linears, True, 4).to_dict() == quiet.to_dict()  # kept

@@ -100,6 +100,9 @@ def build_parts(config: EngineConfig) -> EngineParts:
         kda_states = (KDAStateCache(local.num_kda_layers, config.max_num_seqs, local.kda_num_heads,
                                     local.kda_head_k_dim, local.kda_head_v_dim) if slots else None)
     weight_choice = _weight_choice(config, gguf.path, model)
+    if world == 1 and stages == 1 and config.gemm == "torch" and use_block_kernels(config.kernels):
+        measured = model.use_dense_kernel(config.resolved_threads())  # the qgemm library's dense product
+        log.info("dense products (native/BLAS speedup by rows): %s", "; ".join(measured))
     scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks, slots)
     runner = _make_runner(config, model, kv_cache, kda_states, slots, num_blocks, block_size)
     draft_model = None

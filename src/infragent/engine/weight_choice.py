@@ -81,9 +81,9 @@ def choose(config: EngineConfig, model_file: Path, linears: list[tuple[object, s
                                 str(path))
         except (OSError, ValueError, KeyError) as exc:
             log.warning("weight_format auto: %s is unreadable (%s); measuring again", path, exc)
-    waited, start = _run_queue_ns(), time.perf_counter_ns()
+    waited, start = run_queue_ns(), time.perf_counter_ns()
     speedups = measure(linears, layers)
-    wait_share = (_run_queue_ns() - waited) / max(1, (time.perf_counter_ns() - start) * config.resolved_threads())
+    wait_share = (run_queue_ns() - waited) / max(1, (time.perf_counter_ns() - start) * config.resolved_threads())
     choice = decide(speedups)
     if wait_share > CONTENDED:  # the ratios are suspect: decide for this process only, measure again next time
         choice.reason += (f" (contended: this process waited for a CPU {wait_share:.0%} of the time; not kept, "
@@ -98,7 +98,7 @@ def choose(config: EngineConfig, model_file: Path, linears: list[tuple[object, s
     return choice
 
 
-def _run_queue_ns() -> int:
+def run_queue_ns() -> int:
     """Nanoseconds this process's threads have waited, runnable, for a CPU (schedstat's run delay)."""
     total = 0
     for task in Path("/proc/self/task").glob("*/schedstat"):

@@ -3,6 +3,7 @@
 //
 // qlinear(x [m, k], qs, d, mins, row_scale, kind) -> y [m, n]   (built for small m: decode batches)
 // qdequantize(qs, d, mins, row_scale, kind, rows)  -> W [rows or n, k] fp32
+// dense_linear(x [m, k], w [n, k] fp32)              -> y [m, n]   (the same products for a dense fp32 W)
 // qgemm_isa() -> the instruction set in use;  qgemm_set_isa(name) -> choose one ("auto", "avx512", "avx2",
 //   "generic"); the first use reads $INFRAGENT_ISA (default auto: the widest this CPU has).
 //
@@ -30,7 +31,7 @@ namespace {
 using infragent_isa::Isa;
 using infragent_isa::isa;
 
-enum class Kind : int64_t { Q4_1 = 0, Q8_0 = 1, I8 = 2 };
+enum class Kind : int64_t { Q4_1 = 0, Q8_0 = 1, I8 = 2, F32 = 3 };
 
 namespace avx512 {
 #pragma GCC push_options
@@ -163,6 +164,25 @@ at::Tensor qdequantize(const at::Tensor& qs, const std::optional<at::Tensor>& d,
   return out;
 }
 
+at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous fp32 [m, k]");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_contiguous(), "w must be contiguous fp32 [n, k]");
+  TORCH_CHECK(x.size(1) == w.size(1), "x has ", x.size(1), " columns; w's rows have ", w.size(1));
+  TORCH_CHECK(w.size(1) % 32 == 0, "row length ", w.size(1), " must be a multiple of 32");
+  auto y = at::empty({x.size(0), w.size(0)}, x.options());
+  if (x.size(0) == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(w.data_ptr());
+  switch (isa()) {
+    case Isa::Avx512: avx512::linear({Kind::F32, n, k, bytes, nullptr, nullptr, nullptr}, xp, m, yp); break;
+    case Isa::Avx2: avx2::linear({Kind::F32, n, k, bytes, nullptr, nullptr, nullptr}, xp, m, yp); break;
+    default: generic::linear({Kind::F32, n, k, bytes, nullptr, nullptr, nullptr}, xp, m, yp); break;
+  }
+  return y;
+}
+
 std::string qgemm_isa() { return infragent_isa::kIsaNames[static_cast<int>(isa())]; }
 
 void qgemm_set_isa(const std::string& name) { infragent_isa::choose(name); }
@@ -172,6 +192,7 @@ void qgemm_set_isa(const std::string& name) { infragent_isa::choose(name); }
 TORCH_LIBRARY_FRAGMENT(infragent, m) {
   m.def("qlinear(Tensor x, Tensor qs, Tensor? d, Tensor? mins, Tensor? row_scale, int kind) -> Tensor");
   m.def("qdequantize(Tensor qs, Tensor? d, Tensor? mins, Tensor? row_scale, int kind, Tensor? rows) -> Tensor");
+  m.def("dense_linear(Tensor x, Tensor w) -> Tensor");
   m.def("qgemm_isa() -> str", qgemm_isa);
   m.def("qgemm_set_isa(str name) -> ()", qgemm_set_isa);
 }
@@ -179,4 +200,5 @@ TORCH_LIBRARY_FRAGMENT(infragent, m) {
 TORCH_LIBRARY_IMPL(infragent, CPU, m) {
   m.impl("qlinear", qlinear);
   m.impl("qdequantize", qdequantize);
+  m.impl("dense_linear", dense_linear);
 }

@@ -6,7 +6,9 @@
 //   Q4_1: 16 bytes of nibbles per block (byte j: element j in its low nibble, element j + 16 in its high one),
 //         an fp16 scale d and an fp16 min m per block: w = d * q + m, q in 0..15;
 //   Q8_0: 32 int8 per block and an fp16 scale d: w = d * q;
-//   I8:   int8 per element, no block scales (one fp32 scale per row, below).
+//   I8:   int8 per element, no block scales (one fp32 scale per row, below);
+//   F32:  fp32 per element (a dense weight: the same products without a dequantization, for the small-m
+//         shapes this machine's BLAS runs far below its memory bandwidth).
 // Any kind may carry an fp32 scale per output row (I8's channel scale; a folded constant such as the softmax
 // scale of W_q), applied to each output. Activations and accumulation are fp32.
 
@@ -57,13 +59,14 @@ static inline float half(const _Float16* p) { return static_cast<float>(*p); }
 struct Weights {
   Kind kind;
   int64_t n, k;
-  const uint8_t* qs;       // Q4_1: [n, k / 2]; Q8_0, I8: [n, k] (int8)
+  const uint8_t* qs;       // Q4_1: [n, k / 2]; Q8_0, I8: [n, k] (int8); F32: [n, k] (fp32)
   const _Float16* d;       // [n, k / 32] (Q4_1, Q8_0)
   const _Float16* m;       // [n, k / 32] (Q4_1)
   const float* row_scale;  // [n] or null
 
   int64_t blocks() const { return k / 32; }
-  int64_t row_bytes() const { return kind == Kind::Q4_1 ? k / 2 : k; }
+  int64_t row_bytes() const { return kind == Kind::Q4_1 ? k / 2 : kind == Kind::F32 ? k * 4 : k; }
+  const float* dense_row(int64_t row) const { return reinterpret_cast<const float*>(qs) + row * k; }
   float scale_of(int64_t row) const { return row_scale != nullptr ? row_scale[row] : 1.0f; }
 };
 
@@ -78,11 +81,14 @@ static inline fvec block_dot(const Weights& w, int64_t row, int64_t b, const flo
       t += u8_to_f(q + j, false) * loadf(x + j);
       t += u8_to_f(q + j, true) * loadf(x + 16 + j);
     }
+  } else if (K == Kind::F32) {
+    const float* q = w.dense_row(row) + b * 32;
+    for (int j = 0; j < 32; j += VEC) t += loadf(q + j) * loadf(x + j);
   } else {
     const int8_t* q = reinterpret_cast<const int8_t*>(w.qs + row * w.k + b * 32);
     for (int j = 0; j < 32; j += VEC) t += s8_to_f(q + j) * loadf(x + j);
   }
-  if (K == Kind::I8) return t;
+  if (K == Kind::I8 || K == Kind::F32) return t;
   return t * half(w.d + row * w.blocks() + b);
 }
 
@@ -121,12 +127,17 @@ static void gemv(const Weights& w, const float* x, const float* xsum, float* y, 
   switch (w.kind) {
     case Kind::Q4_1: gemv_rows<Kind::Q4_1>(w, x, xsum, y, r0, r1); break;
     case Kind::Q8_0: gemv_rows<Kind::Q8_0>(w, x, xsum, y, r0, r1); break;
+    case Kind::F32: gemv_rows<Kind::F32>(w, x, xsum, y, r0, r1); break;
     default: gemv_rows<Kind::I8>(w, x, xsum, y, r0, r1); break;
   }
 }
 
 // Row `row` of W dequantized into out[k] (fp32; the row scale is not applied).
 static void dequantize_row(const Weights& w, int64_t row, float* out) {
+  if (w.kind == Kind::F32) {
+    std::memcpy(out, w.dense_row(row), w.k * sizeof(float));
+    return;
+  }
   const int64_t nb = w.blocks();
   for (int64_t b = 0; b < nb; ++b) {
     float* o = out + b * 32;
@@ -156,7 +167,7 @@ static inline void micro(const float* x, const float* tile, int64_t k, float sum
   fvec acc[MI][RJ] = {};
   for (int64_t c = 0; c < k; c += VEC) {
     fvec wv[RJ];
-    for (int j = 0; j < RJ; ++j) wv[j] = loadf(tile + j * k + c);
+    for (int j = 0; j < RJ; ++j) { wv[j] = loadf(tile + j * k + c); __builtin_prefetch(tile + (j + 4 * RJ) * k + c); }
     for (int a = 0; a < MI; ++a) {
       const fvec xv = loadf(x + a * k + c);
       for (int j = 0; j < RJ; ++j) acc[a][j] += xv * wv[j];
@@ -205,10 +216,11 @@ static void tile_product(const float* x, int64_t m, int64_t k, const float* tile
 
 // y [m, n] = x [m, k] . W^T. Batch 1: the blocks are dequantized in registers, rows split over the threads.
 // More rows: W is dequantized one tile of rows at a time into a buffer that stays in cache, and every row of
-// x runs against it (the dequantization is paid once per tile, not once per activation row).
+// x runs against it (the dequantization is paid once per tile, not once per activation row); a dense W's rows
+// are the tile as they lie. Each output sums over k in the same order whatever m is.
 static void linear(const Weights& w, const float* x, int64_t m, float* y) {
   const int64_t nb = w.blocks();
-  if (m == 1) {
+  if (m == 1 && w.kind != Kind::F32) {
     std::vector<float> xsum(nb, 0.0f);
     if (w.kind == Kind::Q4_1)
       for (int64_t b = 0; b < nb; ++b) {
@@ -224,9 +236,13 @@ static void linear(const Weights& w, const float* x, int64_t m, float* y) {
   }
   constexpr int64_t kTile = 16;
   at::parallel_for(0, (w.n + kTile - 1) / kTile, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> tile(kTile * w.k);
+    std::vector<float> tile(w.kind == Kind::F32 ? 0 : kTile * w.k);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t row0 = t * kTile, rows = std::min(kTile, w.n - row0);
+      if (w.kind == Kind::F32) {
+        tile_product(x, m, w.k, w.dense_row(row0), rows, w, row0, y, w.n);
+        continue;
+      }
       for (int64_t r = 0; r < rows; ++r) dequantize_row(w, row0 + r, tile.data() + r * w.k);
       tile_product(x, m, w.k, tile.data(), rows, w, row0, y, w.n);
     }

@@ -6,9 +6,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from infragent.engine import dense_choice
 from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.kda_layer import KDA
-from infragent.engine.models.layers import Attention, GatedMLP, Rotary, Weight, linear, rms_norm
+from infragent.engine.models.layers import Attention, GatedMLP, Linear, Rotary, Weight, linear, rms_norm
 from infragent.engine.models.moe import MoE, Router
 from infragent.engine.models.shape import ModelShape
 from infragent.engine.quant.blocks import BlockLinear, BlockWeight
@@ -105,6 +106,23 @@ class DecoderModel:
             if isinstance(block, BlockLinear):
                 setattr(owner, name, linear(self.embed if block.weight is embed else block.weight.dequantize()))
         self.block_kernels = False
+
+    def use_dense_kernel(self, threads: int) -> list[str]:
+        """Run each float linear's small products through the native dense kernel at the row counts where it
+        was measured faster than BLAS on this machine (dense_choice.py); returns each shape's measurement."""
+        seen: dict[tuple[int, int], dense_choice.ShapeChoice] = {}
+        for owner, name in self.linears():
+            lin = getattr(owner, name)
+            if not isinstance(lin, Linear) or lin.gemm is not None or lin.weight_t.dtype != torch.float32:
+                continue
+            in_features, out_features = lin.weight_t.shape
+            if in_features % 32:  # the kernel reads rows in blocks of 32
+                continue
+            if (out_features, in_features) not in seen:
+                seen[out_features, in_features] = dense_choice.choose(out_features, in_features, threads)
+            tied = self.embed if lin is self.lm_head and isinstance(self.embed, torch.Tensor) else None
+            lin.use_dense_kernel(seen[out_features, in_features].native_rows(), tied)
+        return [choice.describe() for choice in seen.values()]
 
     def use_kda_decode(self, impl: str, bv_tile: int | None, head_split: int) -> None:
         """Set every KDA layer's decode-step implementation and tiling."""

@@ -38,16 +38,30 @@ class Rotary:
 
 class Linear:
     """y = x · Wᵀ with W kept transposed ([in, out]); this BLAS runs that layout ~13% faster at decode
-    batch sizes (benchmarks/linear_layout.py)."""
+    batch sizes (benchmarks/linear_layout.py). Where the native dense kernel was measured faster at some row
+    counts (engine/dense_choice.py), W is kept as [out, in] instead, the layout that kernel streams, and
+    BLAS reads it transposed for the other row counts."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight_t = weight.t().contiguous()
         self.gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # None: torch.mm
+        self.native_rows: tuple[bool, ...] = ()  # [m]: whether a product of m rows runs the native kernel
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemm is not None:
             return self.gemm(x, self.weight_t)
+        rows = x.shape[0]
+        if rows < len(self.native_rows) and self.native_rows[rows]:
+            return torch.ops.infragent.dense_linear(x.contiguous(), self.weight_t.t())
         return torch.mm(x, self.weight_t)
+
+    def use_dense_kernel(self, native_rows: tuple[bool, ...], weight: torch.Tensor | None = None) -> None:
+        """Run products of m rows through the native dense kernel where native_rows[m]; weight: this W as
+        [out, in], when the model already holds it so (a tied LM head's embedding), to share it."""
+        self.native_rows = native_rows
+        if any(native_rows) and self.weight_t.is_contiguous():
+            held = weight if weight is not None and weight.shape == self.weight_t.t().shape else None
+            self.weight_t = (held if held is not None else self.weight_t.t().contiguous()).t()
 
     def weight_bytes(self) -> int:
         """Bytes of the stored weight."""
