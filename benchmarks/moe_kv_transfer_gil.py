@@ -17,6 +17,7 @@ prefill, and what `analyze` reports. With --gemm, the same figures for the GEMM-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import random
@@ -94,8 +95,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--gemm", action="store_true", help="also the GEMM-based case, in the same rounds")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--model", default=None, help="JSON of HybridConfig fields over the workload's MODEL "
+                        "(to explore shapes; the pack's own runs use MODEL as written)")
+    parser.add_argument("--tokens", type=int, default=None, help="prompt tokens instead of PROMPT_TOKENS")
+    parser.add_argument("--block-size", type=int, default=None, help="KV block size instead of BLOCK_SIZE")
+    parser.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size instead of KV_CACHE_GB")
     args = parser.parse_args()
     workload = load_workload()
+    if args.model:
+        workload.MODEL = dataclasses.replace(workload.MODEL, **json.loads(args.model))
+    if args.tokens:
+        workload.PROMPT_TOKENS = args.tokens
+    if args.block_size:
+        workload.BLOCK_SIZE = args.block_size
+    if args.kv_cache_gb:
+        workload.KV_CACHE_GB = args.kv_cache_gb
+    print(f"MoE model: {workload.MODEL}; {workload.PROMPT_TOKENS}-token prompts, KV blocks of "
+          f"{workload.BLOCK_SIZE} tokens, {workload.KV_CACHE_GB} GB")
     gemm = load_workload("workload") if args.gemm else None
     rng = random.Random(0)
 

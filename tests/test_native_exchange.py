@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from infragent.engine.parallel.group import init_group, spawn_ranks, stop_ranks
+from infragent.engine.parallel.group import RankDiedError, init_group, spawn_ranks, stop_ranks
 from infragent.engine.parallel.native_exchange import NativeAllToAll, NativeExchangeError
 
 CAPACITY = 1 << 16
@@ -62,7 +62,7 @@ def test_a_peer_that_exits_fails_the_call_with_its_rank():
         exchange = NativeAllToAll(0, 2, CAPACITY, release_gil=False)
         workers[0].join(timeout=30)
         start = time.perf_counter()
-        with pytest.raises(NativeExchangeError, match=r"moe exchange: rank 1 \(pid \d+\) exited"):
+        with pytest.raises(RankDiedError, match=r"moe exchange: rank 1 \(pid \d+\) exited"):
             exchange(torch.zeros(2, 3), [1, 1], [1, 1])
         assert time.perf_counter() - start < 5  # noticed by the liveness look, not the 120 s timeout
         with pytest.raises(NativeExchangeError, match="more rows for one rank than the segment holds"):

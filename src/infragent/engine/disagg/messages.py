@@ -73,7 +73,7 @@ class Ready:
 
 @dataclass(frozen=True)
 class Broken:
-    """The worker's engine could not be built."""
+    """The worker's engine could not be built, or (after Ready) can run no more steps and the worker leaves."""
 
     message: str
 

@@ -29,6 +29,7 @@ class WorkerHandle:
     process: multiprocessing.process.BaseProcess
     conn: object
     alive: bool = True
+    cause: str | None = None  # why the worker left, when it said so (Broken after Ready)
 
     @property
     def name(self) -> str:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from infragent.engine.config import ConfigError, EngineConfig
 from infragent.engine.deltas import Delta
-from infragent.engine.disagg.messages import (Abort, Admitted, AttachStore, Decode, Deltas, Dropped, Failed, Prefill,
-                                               Prefilled, Released, TextDelta, ToRouter, ToWorker)
+from infragent.engine.disagg.messages import (Abort, Admitted, AttachStore, Broken, Decode, Deltas, Dropped, Failed,
+                                               Prefill, Prefilled, Released, TextDelta, ToRouter, ToWorker)
 from infragent.engine.disagg.processes import (WorkerHandle, open_store, read_messages, spawn_workers, stop_workers,
                                                wait_ready)
 from infragent.engine.disagg.store import StoreIndex
@@ -204,11 +204,14 @@ class DisaggEngine(ServingEngine):
             if message.released:
                 self.index.free(message.rid)
             flight = self._flights.get(message.rid)
-            if flight is not None:
-                self._fail(flight, message.message, "worker_error")
+            if flight is not None:  # named by the router, which knows which worker it was
+                said = message.message.removeprefix(f"{worker.role} worker: ")
+                self._fail(flight, f"{worker.name}: {said}", "worker_error")
         elif isinstance(message, Released):
             for fenced in message.rids:
                 self.index.free(fenced)
+        elif isinstance(message, Broken):  # it is leaving: its exit fails what it held, naming this cause
+            worker.cause = message.message
 
     def _dispatch(self) -> None:
         """Queued requests to prefill workers while the store has room (FCFS)."""
@@ -279,8 +282,8 @@ class DisaggEngine(ServingEngine):
         worker.alive = False
         self.metrics.worker_deaths.labels(role=worker.role).inc()
         worker.process.join(1.0)
-        message = (f"{worker.name} died (exit code {worker.process.exitcode}); the request was lost in "
-                   f"{worker.role}; retry it")
+        why = f"left because {worker.cause}" if worker.cause else f"died (exit code {worker.process.exitcode})"
+        message = f"{worker.name} {why}; the request was lost in {worker.role}; retry it"
         log.error("%s died (exit code %s)", worker.name, worker.process.exitcode)
         for flight in [f for f in self._flights.values() if f.worker is worker]:
             self._fail(flight, message, "worker_died")

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import multiprocessing
 from multiprocessing.connection import Connection
 
 import torch
@@ -28,6 +29,7 @@ from infragent.engine.disagg.store import KVPool, SharedStore, StoreLayout
 from infragent.engine.disagg.tcp_store import TCPStoreClient
 from infragent.engine.kv_transfer import TransferTimeout
 from infragent.engine.llm_engine import LLMEngine, StepUpdate
+from infragent.engine.parallel.group import RankDiedError
 from infragent.engine.scheduler import ScheduledBatch
 from infragent.engine.sequence import Sequence
 
@@ -36,6 +38,9 @@ log = logging.getLogger("infragent.disagg")
 
 def run_worker(role: str, config: EngineConfig, conn: Connection, timeout_s: float) -> None:
     """Process entry point: build the engine, report ready, attach the store, serve until stopped."""
+    # the router starts its workers as daemons; an expert-parallel worker starts rank processes of its own,
+    # which multiprocessing refuses a daemon (they are stopped with the engine, or die with this process)
+    multiprocessing.current_process().daemon = False
     try:
         engine = LLMEngine(config)
     except Exception as err:  # the router reports it and does not wait for the ready message
@@ -88,6 +93,11 @@ class Worker:
                 continue
             try:
                 update = self.engine.step_updates()
+            except RankDiedError as err:  # this engine cannot run a step again: fail what is in flight and
+                log.error("%s worker: %s", self.role, err)  # exit, so that the router routes around it
+                self.fail_all(err)
+                self.conn.send(Broken(f"its engine lost a rank: {err}"))
+                return
             except Exception as err:  # fail what is in flight, keep serving
                 log.exception("%s step failed", type(self).__name__)
                 self.fail_all(err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -41,9 +42,15 @@ def spawn_ranks(target: Callable[..., None], name: str, world: int, *args: Any) 
     return workers, port
 
 
-def check_ranks(workers: list) -> None:
-    """Raise RankDiedError at once if a rank is gone (every collective would otherwise wait TIMEOUT)."""
+def check_ranks(workers: list, grace_s: float = 0.0) -> None:
+    """Raise RankDiedError at once if a rank is gone (every collective would otherwise wait TIMEOUT); with
+    grace_s, look again until then (a collective that failed because a peer died may fail before that
+    peer's exit is visible)."""
+    deadline = time.monotonic() + grace_s
     dead = [w for w in workers if not w.is_alive()]
+    while not dead and time.monotonic() < deadline:
+        time.sleep(0.02)
+        dead = [w for w in workers if not w.is_alive()]
     if dead:
         raise RankDiedError(", ".join(f"{w.name} (pid {w.pid}) exited with code {w.exitcode}" for w in dead)
                             + ": this parallel engine cannot run a step any more; restart it")

@@ -20,9 +20,11 @@ import torch
 import torch.distributed as dist
 
 from infragent.engine.kernels.build import build_lock
+from infragent.engine.parallel.group import RankDiedError
 
 SOURCE = Path(__file__).parents[1] / "kernels" / "moe_exchange.c"
 TIMEOUT_S = 120.0  # a rank that is alive but never arrives: the same limit as the gloo collectives
+EXITED = 4  # the code for a peer whose process is gone
 ERRORS = {1: "did not arrive within {timeout:.0f} s", 2: "sent a different number of rows than it announced",
           3: "has more rows for one rank than the segment holds ({capacity} bytes)", 4: "exited"}
 
@@ -111,6 +113,7 @@ class NativeAllToAll:
                               send_bytes, recv.data_ptr(), recv_bytes, self.pids, TIMEOUT_S, ctypes.byref(peer))
         if code:
             what = ERRORS.get(code, f"failed with code {code}").format(timeout=TIMEOUT_S, capacity=self.capacity)
-            raise NativeExchangeError(f"moe exchange: rank {peer.value} (pid {self.pids[peer.value]}) {what}; "
-                                      "this expert-parallel engine cannot run a step any more; restart it")
+            error = RankDiedError if code == EXITED else NativeExchangeError
+            raise error(f"moe exchange: rank {peer.value} (pid {self.pids[peer.value]}) {what}; "
+                        "this expert-parallel engine cannot run a step any more; restart it")
         return recv

@@ -15,7 +15,8 @@ from infragent.engine.kv_cache import KDAStateCache, KVCache
 from infragent.engine.models.decoder import DecoderModel
 from infragent.engine.models.layers import rms_norm
 from infragent.engine.parallel.build import build_shard
-from infragent.engine.parallel.group import check_ranks, init_group, serve_steps, spawn_ranks, stop_ranks
+from infragent.engine.parallel.group import (RankDiedError, check_ranks, init_group, serve_steps, spawn_ranks,
+                                             stop_ranks)
 from infragent.engine.parallel.layers import VocabParallelHead
 from infragent.engine.runner import ModelRunner
 from infragent.engine.sampling import sample
@@ -52,9 +53,18 @@ class TPModelRunner(ModelRunner):
         super().__init__(*args, **kwargs)
         self.workers = workers
 
-    @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> dict[int, list[int]]:
         check_ranks(self.workers)
+        try:
+            return self._run(batch)
+        except RankDiedError:
+            raise
+        except Exception:
+            check_ranks(self.workers, grace_s=1.0)  # a collective that failed because a rank died: name the rank
+            raise
+
+    @torch.inference_mode()
+    def _run(self, batch: ScheduledBatch) -> dict[int, list[int]]:
         with span("prepare", seqs=len(batch.seqs)):
             inputs, sampled_seqs = self.prepare(batch)
             fresh = self.slots.take_fresh() if self.slots is not None else []
@@ -84,8 +94,10 @@ class TPModelRunner(ModelRunner):
 
 
 def start_workers(config, world: int, num_blocks: int, block_size: int) -> tuple[list, int]:  # noqa: ANN001
-    """Spawn ranks 1..world-1; returns them and the group's port (rank 0 joins next)."""
-    return spawn_ranks(worker_main, "tp-rank", world, config, num_blocks, block_size)
+    """Spawn ranks 1..world-1 (named ep-rank-N under expert parallelism alone, else tp-rank-N); returns them
+    and the group's port (rank 0 joins next)."""
+    name = "ep-rank" if config.tensor_parallel_size == 1 else "tp-rank"
+    return spawn_ranks(worker_main, name, world, config, num_blocks, block_size)
 
 
 def worker_main(config, num_blocks: int, block_size: int, rank: int, world: int, port: int) -> None:  # noqa: ANN001

@@ -182,6 +182,8 @@ async def _generate(served: Served, request: Request, body: Any, prompt_of: Any,
     except QueueFull as err:
         raise APIError(429, str(err), code="queue_full", kind="rate_limit_error",
                        headers={"Retry-After": "1"}) from None
+    except EngineUnavailable as err:  # the engine cannot run steps any more (a parallel rank died)
+        raise APIError(503, str(err), kind="server_error", code="engine_unavailable") from None
     rid = new_id("chatcmpl" if chat else "cmpl")
     if body.stream:
         return StreamingResponse(served.responder.sse(streams, rid, chat, body), media_type="text/event-stream")

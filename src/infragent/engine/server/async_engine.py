@@ -3,7 +3,9 @@
 The event loop never runs model code. submit() validates and tokenizes on the caller's side (so bad input is
 a 4xx at once), then hands the sequence to the engine thread; the thread steps the engine and posts each
 step's deltas back to the loop in one call_soon_threadsafe. abort() is how a disconnect frees KV blocks and
-the KDA state slot.
+the KDA state slot. A parallel engine that lost a rank cannot run another step: the engine is then broken,
+its requests fail with the cause, /health answers 503 and new requests are refused with the cause (503), while
+the server itself stays up.
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import time
 from infragent.engine.config import EngineConfig
 from infragent.engine.deltas import Delta
 from infragent.engine.llm_engine import LLMEngine
+from infragent.engine.parallel.group import RankDiedError
 from infragent.engine.sampling import SamplingParams
 from infragent.engine.sequence import Sequence
 from infragent.engine.serving import Admission, RequestStream, ServingEngine
 from infragent.engine.metrics import ServerMetrics
+from infragent.engine.server.responder import EngineUnavailable
 
 log = logging.getLogger("infragent.server")
 
@@ -37,6 +41,7 @@ class AsyncEngine(ServingEngine):
         self._streams: dict[int, RequestStream] = {}  # seq_id -> stream, engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.broken: str | None = None  # why no step can run any more (a parallel rank died), once so
         self._publish_gauges()
 
     @property
@@ -61,12 +66,14 @@ class AsyncEngine(ServingEngine):
             self._thread.join(timeout)
 
     def is_alive(self) -> bool:
-        """Whether the engine thread is running."""
-        return self._thread is not None and self._thread.is_alive()
+        """Whether the engine thread is running and can still run steps."""
+        return self._thread is not None and self._thread.is_alive() and self.broken is None
 
     def submit_choices(self, prompt: str | list[int], params: SamplingParams, n: int,
                        request_id: str = "") -> list[RequestStream]:
         """submit() with n choices sampled from one prefill of the prompt (seeds seed, seed + 1, ...)."""
+        if self.broken is not None:
+            raise EngineUnavailable(self.broken)
         with self.admission.submitting():
             seq = self.engine.make_sequence(prompt, params, request_id)
             streams = [RequestStream(s) for s in [seq, *self.engine.fork(seq, n)]]
@@ -89,6 +96,11 @@ class AsyncEngine(ServingEngine):
                 continue
             try:
                 update = self.engine.step_updates()
+            except RankDiedError as err:  # no step can run again: refuse from now on, keep the server up
+                log.error("engine broken: %s", err)
+                self.broken = f"engine error: {err}"
+                self._fail_all(self.broken)
+                continue
             except Exception as err:  # a bug must not take the server down: fail what was in flight
                 log.exception("engine step failed")
                 self._fail_all(f"engine error: {err}")
@@ -107,6 +119,9 @@ class AsyncEngine(ServingEngine):
             drained = True
             if kind == "add":
                 self.admission.taken()
+                if self.broken is not None:  # submitted just before the engine broke
+                    self._post([(s.queue, Delta("", 0, None, error=self.broken)) for s in streams])
+                    continue
                 self.engine.add_sequence(streams[0].seq)  # the first choice; the others are its forks
                 self._streams.update((s.seq.seq_id, s) for s in streams)
                 continue

@@ -37,6 +37,7 @@ MODEL = HybridConfig(hidden_size=64, intermediate_size=128, num_layers=4, kda_pe
                      num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
                      shared_expert_intermediate_size=64, router_skew=1.0)
 KV_CACHE_GB = 0.1
+BLOCK_SIZE = 16  # tokens per KV block: the serialize client packs and sends one block at a time
 _ENGINE: list[LLMEngine] = []
 
 
@@ -82,7 +83,8 @@ def engine() -> LLMEngine:
         with _DENSE._one_thread():
             built = LLMEngine(EngineConfig(model="hybrid-moe", hybrid=MODEL, expert_parallel_size=2,
                                            moe_exchange="native", kv_transfer=True, num_threads=1,
-                                           kv_cache_gb=KV_CACHE_GB, max_model_len=2048, enable_prefix_caching=False))
+                                           kv_cache_gb=KV_CACHE_GB, max_model_len=2048, enable_prefix_caching=False,
+                                           block_size=BLOCK_SIZE))
         _capture_logits(built)
         _ENGINE.append(built)
         _warm(built)
