@@ -2,7 +2,8 @@
 that does to batching on the wide hybrid model the optimize tests serve.
 
 Part 1, per weight shape and row count: BLAS time / native time, median of interleaved rounds with a 95%
-bootstrap CI (above 1: the native kernel is faster).
+bootstrap CI (above 1: the native kernel is faster), BLAS on W transposed being the engine's layout without
+the kernel; and BLAS time / BLAS time on W as [out, in] (the layout the kernel needs).
 Part 2, the engine: the wide hybrid (tests/server_fixture.py WIDE_HYBRID, one thread) decoding 8 greedy
 requests of 32 tokens one at a time and all 8 at once (max_num_seqs 8), with kernels=torch (BLAS only) and
 kernels=auto (the measured choice), in interleaved rounds; prints each's batching gain (time one at a time /
@@ -41,10 +42,12 @@ def shapes_table(rounds: int) -> list[dict]:
     dense_choice.ROUNDS = rounds
     rows = []
     for out_features, in_features in SHAPES:
-        for count, ratios in dense_choice.measure(out_features, in_features).items():
-            s = bootstrap_median(ratios)
+        native, blas_rows = dense_choice.measure(out_features, in_features)
+        for count, ratios in native.items():
+            s, b = bootstrap_median(ratios), bootstrap_median(blas_rows[count])
             rows.append({"shape": f"{out_features}x{in_features}", "rows": count, "speedup": s.center,
-                         "low": s.lo, "high": s.hi, "samples": ratios})
+                         "low": s.lo, "high": s.hi, "samples": ratios, "blas_rows": b.center,
+                         "blas_rows_samples": blas_rows[count]})
     return rows
 
 
@@ -89,9 +92,11 @@ def main() -> None:
     print(f"CPU: {cpu}; ISA {torch.ops.infragent.qgemm_isa()}; torch {torch.__version__}; 1 thread; "
           f"{args.rounds} rounds")
     table = shapes_table(args.rounds)
-    print("\nBLAS time / native time (median, 95% CI):")
+    print("\nBLAS time on W transposed (the engine's layout without the kernel) / native time (median, 95% CI);"
+          " and / BLAS time on W as [out, in]:")
     for row in table:
-        print(f"  {row['shape']:>10} {row['rows']:>3} rows  x{row['speedup']:.2f} [{row['low']:.2f}, {row['high']:.2f}]")
+        print(f"  {row['shape']:>10} {row['rows']:>3} rows  native x{row['speedup']:.2f} [{row['low']:.2f}, "
+              f"{row['high']:.2f}]   BLAS [out, in] x{row['blas_rows']:.2f}")
     gains = batching_gain(args.rounds)
     print("\nwide hybrid, 8 requests x 32 tokens: time one at a time / time all at once (median, 95% CI):")
     for kernels, g in gains.items():

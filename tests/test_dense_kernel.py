@@ -80,9 +80,20 @@ def test_a_row_count_takes_the_choice_measured_at_the_next_size_up() -> None:
     speedups = {rows: [0.5, 0.5, 0.5] for rows in ROWS}
     speedups[4] = [1.3, 0.9, 1.2]  # median round faster
     speedups[64] = [2.0, 2.0, 0.1]
-    native = ShapeChoice(100, 64, 1, speedups).native_rows()
+    blas_rows = {rows: [1.0, 1.0, 1.0] for rows in ROWS}  # BLAS as fast on either layout
+    native = ShapeChoice(100, 64, 1, speedups, blas_rows).native_rows()
     assert len(native) == ROWS[-1] + 1 and not native[0]
     assert [m for m, on in enumerate(native) if on] == [3, 4, *range(33, 65)]
+
+
+def test_the_kernel_must_beat_blas_in_either_layout_and_the_layout_switch_must_cost_no_row_count() -> None:
+    speedups = {rows: [1.5] for rows in ROWS}
+    blas_rows = {rows: [1.0] for rows in ROWS}
+    blas_rows[2] = [1.6]  # BLAS on [out, in] is faster still at 2 rows: it runs there
+    assert [m for m, on in enumerate(ShapeChoice(8, 64, 1, speedups, blas_rows).native_rows()) if on] == \
+        [1, *range(3, 65)]
+    speedups[1], blas_rows[1] = [0.6], [0.7]  # at one row both are slower than BLAS on W transposed
+    assert not any(ShapeChoice(8, 64, 1, speedups, blas_rows).native_rows())
 
 
 @needs_kernels
@@ -98,10 +109,12 @@ def test_the_choice_is_measured_once_per_machine_unless_the_cpu_was_contended(tm
     monkeypatch.setattr(dense_choice, "run_queue_ns", lambda: 0)
     quiet = dense_choice.choose(48, 64, 1)
     kept = list(tmp_path.glob("kernels/**/*.json"))
-    assert quiet.kept and len(kept) == 1 and set(json.loads(kept[0].read_text())["speedups"]) == {str(r) for r in ROWS}
+    assert quiet.kept and len(kept) == 1
+    assert all(set(json.loads(kept[0].read_text())[k]) == {str(r) for r in ROWS} for k in ("speedups", "blas_rows"))
     monkeypatch.setattr(dense_choice, "_measured", {})
     monkeypatch.setattr(dense_choice, "measure", lambda *_: pytest.fail("measured again"))
-    assert dense_choice.choose(48, 64, 1).speedups == quiet.speedups
+    again = dense_choice.choose(48, 64, 1)
+    assert (again.speedups, again.blas_rows) == (quiet.speedups, quiet.blas_rows)
 
 
 @needs_kernels

@@ -132,6 +132,18 @@ static void gemv(const Weights& w, const float* x, const float* xsum, float* y, 
   }
 }
 
+// y[row] for rows [r0, r1) of a dense W and one activation row: one row at a time, a single stream through
+// memory (interleaving rows, as the tile product does, streamed W a third slower at one row on an EPYC), in
+// the tile product's order of summation, so a row's output is the same alone or in a batch.
+static void dense_gemv(const Weights& w, const float* x, float* y, int64_t r0, int64_t r1) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const float* p = w.dense_row(row);
+    fvec acc = fvec{};
+    for (int64_t c = 0; c < w.k; c += VEC) acc += loadf(x + c) * loadf(p + c);
+    y[row] = hsum(acc) * w.scale_of(row);
+  }
+}
+
 // Row `row` of W dequantized into out[k] (fp32; the row scale is not applied).
 static void dequantize_row(const Weights& w, int64_t row, float* out) {
   if (w.kind == Kind::F32) {
@@ -167,7 +179,7 @@ static inline void micro(const float* x, const float* tile, int64_t k, float sum
   fvec acc[MI][RJ] = {};
   for (int64_t c = 0; c < k; c += VEC) {
     fvec wv[RJ];
-    for (int j = 0; j < RJ; ++j) { wv[j] = loadf(tile + j * k + c); __builtin_prefetch(tile + (j + 4 * RJ) * k + c); }
+    for (int j = 0; j < RJ; ++j) wv[j] = loadf(tile + j * k + c);
     for (int a = 0; a < MI; ++a) {
       const fvec xv = loadf(x + a * k + c);
       for (int j = 0; j < RJ; ++j) acc[a][j] += xv * wv[j];
@@ -203,14 +215,24 @@ static inline void micro_pass(int rj, int mi, const float* x, const float* tile,
 static void tile_product(const float* x, int64_t m, int64_t k, const float* tile, int64_t rows, const Weights& w,
                          int64_t row0, float* y, int64_t ldy) {
   float sums[4][kRowsPerPass];
-  for (int64_t i = 0; i < m; i += 4) {
+  // Dense rows come from memory, not from a dequantized tile in cache: each pass's rows go against every group
+  // of activation rows while they are in L1, and up to four activation rows take one weight row per pass (one
+  // stream through W, see dense_gemv; more rows are compute-bound, and take kRowsPerPass).
+  const bool dense = w.kind == Kind::F32;
+  const int64_t per_pass = dense && m <= 4 ? 1 : kRowsPerPass;
+  auto pass = [&](int64_t i, int64_t r) {
     const int mi = static_cast<int>(std::min<int64_t>(4, m - i));
-    for (int64_t r = 0; r < rows; r += kRowsPerPass) {
-      const int rj = static_cast<int>(std::min<int64_t>(kRowsPerPass, rows - r));
-      micro_pass<kRowsPerPass>(rj, mi, x + i * k, tile + r * k, k, sums);
-      for (int a = 0; a < mi; ++a)
-        for (int j = 0; j < rj; ++j) y[(i + a) * ldy + row0 + r + j] = sums[a][j] * w.scale_of(row0 + r + j);
-    }
+    const int rj = static_cast<int>(std::min<int64_t>(per_pass, rows - r));
+    micro_pass<kRowsPerPass>(rj, mi, x + i * k, tile + r * k, k, sums);
+    for (int a = 0; a < mi; ++a)
+      for (int j = 0; j < rj; ++j) y[(i + a) * ldy + row0 + r + j] = sums[a][j] * w.scale_of(row0 + r + j);
+  };
+  if (dense) {
+    for (int64_t r = 0; r < rows; r += per_pass)
+      for (int64_t i = 0; i < m; i += 4) pass(i, r);
+  } else {
+    for (int64_t i = 0; i < m; i += 4)
+      for (int64_t r = 0; r < rows; r += per_pass) pass(i, r);
   }
 }
 
@@ -220,7 +242,13 @@ static void tile_product(const float* x, int64_t m, int64_t k, const float* tile
 // are the tile as they lie. Each output sums over k in the same order whatever m is.
 static void linear(const Weights& w, const float* x, int64_t m, float* y) {
   const int64_t nb = w.blocks();
-  if (m == 1 && w.kind != Kind::F32) {
+  if (m == 1 && w.kind == Kind::F32) {
+    at::parallel_for(0, w.n, std::max<int64_t>(1, (1 << 16) / w.k), [&](int64_t r0, int64_t r1) {
+      dense_gemv(w, x, y, r0, r1);
+    });
+    return;
+  }
+  if (m == 1) {
     std::vector<float> xsum(nb, 0.0f);
     if (w.kind == Kind::Q4_1)
       for (int64_t b = 0; b < nb; ++b) {
