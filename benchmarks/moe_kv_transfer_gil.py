@@ -21,6 +21,7 @@ import dataclasses
 import importlib.util
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -99,6 +100,8 @@ def main() -> None:
                         "(to explore shapes; the pack's own runs use MODEL as written)")
     parser.add_argument("--tokens", type=int, default=None, help="prompt tokens instead of PROMPT_TOKENS")
     parser.add_argument("--block-size", type=int, default=None, help="KV block size instead of BLOCK_SIZE")
+    parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (seconds): "
+                        "how long a thread may keep the GIL when another asks for it")
     parser.add_argument("--kv-cache-gb", type=float, default=None, help="KV cache size instead of KV_CACHE_GB")
     args = parser.parse_args()
     workload = load_workload()
@@ -110,6 +113,8 @@ def main() -> None:
         workload.BLOCK_SIZE = args.block_size
     if args.kv_cache_gb:
         workload.KV_CACHE_GB = args.kv_cache_gb
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     print(f"MoE model: {workload.MODEL}; {workload.PROMPT_TOKENS}-token prompts, KV blocks of "
           f"{workload.BLOCK_SIZE} tokens, {workload.KV_CACHE_GB} GB")
     gemm = load_workload("workload") if args.gemm else None
