@@ -276,7 +276,8 @@ def test_report_and_ui_say_what_is_wrong_in_one_line(measured, tmp_path):
              (["ui", "--ledger", str(tmp_path / "missing.sqlite")], "no ledger here"),
              (["ui", "--ledger", str(empty)], "has no runs yet"),
              (["ui", "--ledger", str(corrupt)], "not a usable ledger"),
-             (["ui", "--ledger", "postgresql://localhost/x"], "only SQLite ledgers")]
+             (["ui", "--ledger", "postgresql://localhost:1/x"], "PostgreSQL ledger: not a usable ledger"),
+             (["ui", "--ledger", "mysql://localhost/x"], "give a SQLite file path")]
     for args, words in cases:
         proc = cli(*args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out, err = proc.communicate(timeout=60)

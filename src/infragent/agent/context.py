@@ -94,4 +94,4 @@ class RunContext:
 
     def artifact_home(self, folder: str) -> Path:
         """A folder beside the ledger, as an absolute path (children run in other folders)."""
-        return (self.ledger.path.parent / folder).resolve()
+        return (self.ledger.home / folder).resolve()

@@ -67,7 +67,7 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, proposer: Pr
     run_id = open_run(ledger, "optimize", spec_path, resume, log)
     log(f"run {run_id}: " + (f"optimize {spec_path}" if resume is None else "resuming")
         + f" ({proposer.name if proposer else 'search'} proposer, feedback {feedback})")
-    with guarded_run(ledger, run_id, f"infragent optimize {spec_path} --ledger {ledger.path}", log):
+    with guarded_run(ledger, run_id, f"infragent optimize {spec_path} --ledger {ledger.location}", log):
         ctx = RunContext(spec, spec_path, ledger, run_id, budget, log, seed, feedback)
         ledger.set_run(run_id, budget=json.dumps(asdict(budget)))
         outcome = _optimize(ctx, target, proposer)

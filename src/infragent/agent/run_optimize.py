@@ -53,10 +53,10 @@ def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget,
     for line in summary_lines(outcome):
         print(line)
     try:
-        report = write_report(ledger, outcome.run_id, Path(ledger_path).parent / f"report-run-{outcome.run_id}.html")
+        report = write_report(ledger, outcome.run_id, ledger.home / f"report-run-{outcome.run_id}.html")
         print(f"report: {report}")
     except Exception as err:  # noqa: BLE001 (the run is recorded; a page that cannot be drawn must not hide it)
         print(f"report: not written ({type(err).__name__}: {str(err)[:300]}); "
-              f"`infragent report {outcome.run_id} --ledger {ledger_path}` tries again")
-    print(f"trajectory: infragent show {outcome.run_id} --ledger {ledger_path}")
+              f"`infragent report {outcome.run_id} --ledger {ledger.location}` tries again")
+    print(f"trajectory: infragent show {outcome.run_id} --ledger {ledger.location}")
     return outcome

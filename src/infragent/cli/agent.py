@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from infragent.cli.common import app, fail, ledger_file
+from infragent.cli.common import DEFAULT_LEDGER, app, fail, ledger_file
 
 @app.command()
 def optimize(
@@ -22,7 +22,8 @@ def optimize(
     budget_probes: int = typer.Option(12, "--budget-probes", help="Stop after this many probe runs."),
     budget_minutes: float = typer.Option(8.0, "--budget-minutes", help="Stop starting trials after this long."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue an interrupted run."),
-    ledger_path: str = typer.Option(".infragent/ledger.sqlite", "--ledger"),
+    ledger_path: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="The ledger: a SQLite file, or "
+                                    "postgresql://... ($INFRAGENT_LEDGER)."),
     feedback: str = typer.Option("ladder", "--feedback", help="ladder (default: diagnosis, then each proposal "
                                  "through the cheapest probes first) or e2e-only (every proposal judged end to end "
                                  "only: the ablation of the ladder)."),

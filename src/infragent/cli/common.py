@@ -2,6 +2,8 @@
 module:function names and inputs factories, and the ledger's path."""
 from __future__ import annotations
 
+import os
+
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -58,17 +60,23 @@ def resolve(name: str, what: str):  # noqa: ANN201 - the resolved callable
         fail(str(err))
 
 
-DEFAULT_LEDGER = ".infragent/ledger.sqlite"
+DEFAULT_LEDGER = os.environ.get("INFRAGENT_LEDGER") or ".infragent/ledger.sqlite"  # a file, or postgresql://...
 
 
 def ledger_file(ledger: str, export_artifacts: bool = False) -> str:
     """The ledger file as an absolute path, fixed once where the command starts: the loops start children in
     other folders (kernel gates in a pack or a worktree), where a relative path would point somewhere else.
-    export_artifacts: also fix the probes' artifact folder ($INFRAGENT_ARTIFACTS, absolute) for children."""
+    A PostgreSQL URL is returned as it is. export_artifacts: also fix the probes' artifact folder
+    ($INFRAGENT_ARTIFACTS, absolute) for children."""
     from pathlib import Path
+
+    from infragent.lab.ledger_db import is_postgres
 
     if export_artifacts:
         from infragent.probes.artifacts import export_artifact_dir
 
         export_artifact_dir()
-    return str(Path(ledger).expanduser().resolve())
+    if is_postgres(ledger):
+        os.environ.setdefault("INFRAGENT_HOME", str(Path(".infragent").resolve()))  # children keep this folder
+        return ledger
+    return str(Path(ledger.removeprefix("sqlite://")).expanduser().resolve())

@@ -10,7 +10,7 @@ from infragent.cli.common import DEFAULT_LEDGER, app, fail, ledger_file
 @app.command()
 def measure(
     spec: str = typer.Argument(..., help="The spec TOML."),
-    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="SQLite ledger file."),
+    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="The ledger: a SQLite file, or postgresql://... ($INFRAGENT_LEDGER)."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue an interrupted run by its id."),
 ) -> None:
     """Measure the spec's target on every scenario (baseline), recording each probe in the ledger."""
@@ -138,7 +138,7 @@ def report(
 
 @app.command()
 def ui(
-    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="The ledger: a SQLite file, or sqlite:///PATH."),
+    ledger: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="The ledger: a SQLite file, sqlite:///PATH or postgresql://..."),
     port: int = typer.Option(8765, "--port", help="Port on 127.0.0.1 (0: any free port)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this key on every request (Bearer "
                                           "header, or open /?key=KEY once in a browser)."),
@@ -151,10 +151,10 @@ def ui(
     from infragent.lab.ledger import Ledger, LedgerError
     from infragent.ui.app import build_ui
 
-    if "://" in ledger and not ledger.startswith("sqlite:///"):
-        fail(f"--ledger {ledger}: only SQLite ledgers exist yet; pass a file path or sqlite:///PATH")
+    if "://" in ledger and not ledger.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        fail(f"--ledger {ledger}: give a SQLite file path, sqlite:///PATH or a postgresql:// URL")
         return
-    path = ledger_file(ledger.removeprefix("sqlite://"))
+    path = ledger_file(ledger)
     try:
         Ledger.existing(path, readonly=True)
     except LedgerError as err:

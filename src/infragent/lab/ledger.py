@@ -1,6 +1,12 @@
-"""The ledger: an append-only SQLite (WAL) record of runs, experiments, probe results, feedback, artifacts,
-environments, launches, and the hypotheses and candidates of optimize runs. Every write is its own transaction, so a `kill -9` loses at most the probe in flight,
+"""The ledger: an append-only record of runs, experiments, probe results, feedback, artifacts, environments,
+launches, and the hypotheses and candidates of optimize runs, in a SQLite file (WAL; the embedded default) or
+on a PostgreSQL server (`--ledger postgresql://...` or $INFRAGENT_LEDGER; several machines and processes
+append to it at once). Every write is its own transaction, so a `kill -9` loses at most the probe in flight,
 and a run can be resumed from what it has recorded.
+
+Artifacts are kept by content hash under the ledger's home folder (a SQLite ledger's folder; for PostgreSQL,
+$INFRAGENT_HOME or ./.infragent); a PostgreSQL ledger also keeps their bytes in the database, so a reader on
+another machine gets them back (artifact_path).
 """
 from __future__ import annotations
 
@@ -8,10 +14,12 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Iterator
+
+from infragent.lab.ledger_db import (Database, DatabaseError, PostgresDatabase, SQLiteDatabase, is_postgres,
+                                     postgres_schema)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS environments (
@@ -44,6 +52,7 @@ CREATE TABLE IF NOT EXISTS candidates (
 CREATE TABLE IF NOT EXISTS artifacts (
     id INTEGER PRIMARY KEY, probe_result_id INTEGER REFERENCES probe_results(id), sha256 TEXT NOT NULL,
     path TEXT NOT NULL, description TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS artifact_blobs (sha256 TEXT PRIMARY KEY, content BLOB NOT NULL);
 """
 
 
@@ -52,55 +61,59 @@ class LedgerError(RuntimeError):
 
 
 class Ledger:
-    """One SQLite file; artifacts are copied under <ledger dir>/artifacts/<sha256>."""
+    """One ledger: a SQLite file or a PostgreSQL URL; artifacts are copied under <home>/artifacts/<sha256>."""
 
-    def __init__(self, path: str | Path, readonly: bool = False) -> None:
-        self.path = Path(path)
-        self.artifact_root = self.path.parent / "artifacts"
-        if readonly:  # a reader beside a running loop (the dashboard): SQLite itself refuses every write
-            try:
-                self.db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30,
-                                          isolation_level=None, check_same_thread=False)
-                self.db.execute("SELECT COUNT(*) FROM runs").fetchone()
-            except sqlite3.DatabaseError as err:
-                raise LedgerError(f"{self.path}: not a usable ledger ({err})") from None
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, location: str | Path, readonly: bool = False) -> None:
+        self.postgres = is_postgres(location)
+        self.path: Path | None = None if self.postgres else Path(location)  # the SQLite file
+        self.home = (Path(os.environ.get("INFRAGENT_HOME", ".infragent")).resolve() if self.postgres
+                     else self.path.parent)  # logs, workspaces and artifacts of this machine's runs
+        self.artifact_root = self.home / "artifacts"
         try:
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # autocommit; explicit txns
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")  # a committed probe survives power loss, not just kill -9
-            self.db.executescript(SCHEMA)
-            columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
+            if self.postgres:
+                self.db: Database = PostgresDatabase(str(location), readonly)
+            else:
+                if not readonly:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.db = SQLiteDatabase(self.path, readonly)
+            self.location = self.db.location
+            if readonly:
+                self.db.execute("SELECT COUNT(*) FROM runs").fetchone()
+                return
+            self.db.script(postgres_schema(SCHEMA) if self.postgres else SCHEMA)
+            columns = self.db.columns("runs")
             if "candidate_pgid" not in columns:  # a ledger from before candidates were tracked
                 self.db.execute("ALTER TABLE runs ADD COLUMN candidate_pgid INTEGER")
             if "budget" not in columns:  # a ledger from before budgets were recorded
                 self.db.execute("ALTER TABLE runs ADD COLUMN budget TEXT")
-        except sqlite3.DatabaseError as err:
-            raise LedgerError(f"{self.path}: not a usable ledger ({err})") from None
+        except DatabaseError as err:
+            raise LedgerError(f"{location if not self.postgres else 'PostgreSQL ledger'}: not a usable ledger "
+                              f"({err})") from None
 
     @classmethod
-    def existing(cls, path: str | Path, readonly: bool = False) -> "Ledger":
+    def existing(cls, location: str | Path, readonly: bool = False) -> "Ledger":
         """A ledger that must already exist and hold a run (readers: report, ui); LedgerError says what is wrong."""
-        path = Path(path)
-        if not path.is_file():
-            raise LedgerError(f"{path}: no ledger here; `infragent optimize SPEC` or `infragent measure SPEC` "
+        if not is_postgres(location) and not Path(location).is_file():
+            raise LedgerError(f"{location}: no ledger here; `infragent optimize SPEC` or `infragent measure SPEC` "
                               "writes one, or pass --ledger PATH")
-        ledger = cls(path, readonly)
+        ledger = cls(location, readonly)
         try:
             empty = ledger.db.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
-        except sqlite3.DatabaseError as err:
-            raise LedgerError(f"{path}: not a usable ledger ({err})") from None
+        except DatabaseError as err:
+            raise LedgerError(f"{ledger.location}: not a usable ledger ({err})") from None
         if empty:
-            raise LedgerError(f"{path}: the ledger has no runs yet; `infragent optimize SPEC` records one")
+            raise LedgerError(f"{ledger.location}: the ledger has no runs yet; `infragent optimize SPEC` records one")
         return ledger
 
     def _write(self, sql: str, args: tuple) -> int:
         with self._transaction():
-            return int(self.db.execute(sql, args).lastrowid or 0)
+            if sql.startswith("INSERT") and " ON CONFLICT " not in sql:
+                return self.db.insert(sql, args)
+            self.db.execute(sql, args)
+            return 0
 
     def _transaction(self) -> Any:
-        return _Txn(self.db)
+        return self.db.transaction()
 
     def environment(self, data: dict[str, Any]) -> int:
         """Store an environment once (deduplicated by hash); return its id."""
@@ -121,7 +134,7 @@ class Ledger:
         """One run's row as a dict."""
         row = self.db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
-            raise LedgerError(f"{self.path}: no run {run_id}; `infragent runs` lists them")
+            raise LedgerError(f"{self.location}: no run {run_id}; `infragent runs` lists them")
         return dict(zip([c[0] for c in self.db.execute("SELECT * FROM runs LIMIT 0").description], row))
 
     def set_run(self, run_id: int, **fields: Any) -> None:
@@ -148,12 +161,15 @@ class Ledger:
         stored = [self._store_artifact(path, description) for path, description in artifacts]
         numbers = {k: v.get("value") for k, v in feedback.get("numbers", {}).items()}
         with self._transaction():
-            pid = int(self.db.execute(
+            pid = self.db.insert(
                 "INSERT INTO probe_results (run_id, experiment_id, key, probe, verdict, finding, numbers, created) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run_id, experiment_id, key, feedback["probe"], feedback["verdict"],
-                                                    feedback["finding"], json.dumps(numbers), time.time())).lastrowid)
+                                                    feedback["finding"], json.dumps(numbers), time.time()))
             self.db.execute("INSERT INTO feedback (probe_result_id, data) VALUES (?, ?)", (pid, json.dumps(feedback)))
             for sha, path, description in stored:
+                if self.postgres:  # the bytes travel with the ledger: readers elsewhere share no filesystem
+                    self.db.execute("INSERT OR IGNORE INTO artifact_blobs (sha256, content) VALUES (?, ?)",
+                                    (sha, Path(path).read_bytes()))
                 self.db.execute("INSERT INTO artifacts (probe_result_id, sha256, path, description) VALUES (?, ?, ?, ?)",
                                 (pid, sha, path, description))
             self.db.execute("UPDATE runs SET updated = ? WHERE id = ?", (time.time(), run_id))
@@ -169,6 +185,29 @@ class Ledger:
             shutil.copyfile(path, tmp)
             os.replace(tmp, target)  # atomic: a crash never leaves a half-written artifact under its hash
         return sha, str(target), description
+
+    def artifact_path(self, sha: str) -> Path:
+        """The local file of an artifact by its hash; from a PostgreSQL ledger, fetched here when absent."""
+        target = self.artifact_root / sha[:2] / sha
+        if target.exists() or not self.postgres:
+            return target
+        row = self.db.execute("SELECT content FROM artifact_blobs WHERE sha256 = ?", (sha,)).fetchone()
+        if row is None:
+            raise LedgerError(f"{self.location}: no artifact {sha}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(bytes(row[0]))
+        os.replace(tmp, target)
+        return target
+
+    def environment_data(self, environment_id: int | None) -> dict[str, Any] | None:
+        """An environment's data by id (None when the run has none)."""
+        row = self.db.execute("SELECT data FROM environments WHERE id = ?", (environment_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self.db.close()
 
     def record_launch(self, run_id: int, role: str, pgid: int, port: int | None, argv: list[str],
                       log_path: str | None, started: float) -> int:
@@ -239,8 +278,7 @@ class Ledger:
         """Every run with its environment, launches and probe results, one JSON object per line."""
         for run in reversed(self.runs()):
             row = self.run(run["id"])
-            env = self.db.execute("SELECT data FROM environments WHERE id = ?", (row["environment_id"],)).fetchone()
-            yield json.dumps({"run": row, "environment": json.loads(env[0]) if env else None,
+            yield json.dumps({"run": row, "environment": self.environment_data(row["environment_id"]),
                               "launches": self.launches(run["id"]), "hypotheses": self.hypotheses(run["id"]),
                               "candidates": self.candidates(run["id"]), "probes": self.probe_results(run["id"])})
 
@@ -249,15 +287,3 @@ def charged(feedback: dict[str, Any]) -> bool:
     """Whether a probe record counts against a run's probe budget (the raw records of a charged probe do not)."""
     return feedback.get("details", {}).get("charged", True) is not False
 
-
-class _Txn:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on error."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

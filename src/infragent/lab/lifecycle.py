@@ -83,7 +83,7 @@ def launched(target: Target, knobs: dict[str, Any], ledger: Ledger, run_id: int,
     marked so on the way out; the launch's status says whether it was ready, died or never became ready.
     code: a copy of the target's code to launch from (lab/target.code_environment). wait=False yields it
     spawned, not yet ready: the caller waits with proc.ready() (several launches then load in parallel)."""
-    log_path = ledger.path.parent / "logs" / f"run-{run_id}-{role.replace('/', '-')}.log"
+    log_path = ledger.home / "logs" / f"run-{run_id}-{role.replace('/', '-')}.log"
     ids: list[int] = []
 
     def record(proc: TargetProcess) -> None:

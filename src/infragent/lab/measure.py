@@ -49,7 +49,7 @@ def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,
     spec = load_spec(spec_path)
     run_id = open_run(ledger, "measure", spec_path, resume, log)
     knobs = default_knobs(spec)
-    with guarded_run(ledger, run_id, f"infragent measure {spec_path} --ledger {ledger.path}", log):
+    with guarded_run(ledger, run_id, f"infragent measure {spec_path} --ledger {ledger.location}", log):
         done = ledger.completed_keys(run_id)
         experiment = ledger.experiment(run_id, "baseline", knobs)
         todo = [(s, r) for s in spec.scenarios for r in range(s.repeats) if f"{s.name}/{r}" not in done]
@@ -103,5 +103,5 @@ def recorded_runs(ledger: Ledger, run_id: int, scenario: Scenario, results: dict
 def _as_run(ledger: Ledger, result: dict, scenario: Scenario) -> Run:
     """A recorded loadgen probe back as records (from the ledger's content-addressed copy of its evidence)."""
     sha = result["feedback"]["evidence"][0]["sha256"]
-    data = json.loads((ledger.artifact_root / sha[:2] / sha).read_text())["runs"][-1]
+    data = json.loads(ledger.artifact_path(sha).read_text())["runs"][-1]
     return Run([RequestRecord(**r) for r in data["records"]], data["duration_s"], dict(scenario.goodput_ms) or None)

@@ -5,7 +5,6 @@ chains, and the environment with each probe's contention flag. No HTML here (pag
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,12 +58,12 @@ class RunReport:
 def run_report(ledger: Ledger, run_id: int, trace_path: str | Path | None = None) -> RunReport:
     """Read one run into the report's data (trace_path: a trace file to show instead of the run's own)."""
     run = ledger.run(run_id)
-    env_row = ledger.db.execute("SELECT data FROM environments WHERE id = ?", (run["environment_id"],)).fetchone()
+    environment = ledger.environment_data(run["environment_id"])
     results = ledger.probe_results(run_id)
     by_key = {r["key"]: r for r in results}
     trials = [_trial_row(c, by_key) for c in ledger.candidates(run_id)]
     spec = _spec(run)
-    report = RunReport(run, json.loads(env_row[0]) if env_row else {}, _headline(ledger, run, trials, results, by_key),
+    report = RunReport(run, environment or {}, _headline(ledger, run, trials, results, by_key),
                        _objective_label(spec, trials), trials, _progress(trials), chains=chains(ledger, run_id),
                        probes=[_probe_row(ledger, r) for r in results])
     if spec is None and run.get("spec_path"):

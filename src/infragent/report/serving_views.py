@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from infragent.analysis.serving_metrics import bucket_of
-from infragent.lab.ledger import Ledger
+from infragent.lab.ledger import Ledger, LedgerError
 
 CDF_POINTS = 120  # quantiles kept per drawn CDF: enough for the eye, small for a page of 200 trials
 LATENCIES = {"TTFT": "time to first token", "TPOT": "time per output token", "ITL": "inter-token latency",
@@ -21,8 +21,13 @@ LATENCIES = {"TTFT": "time to first token", "TPOT": "time per output token", "IT
 def stored_artifact(ledger: Ledger, evidence: dict[str, Any]) -> Path | None:
     """The ledger's own copy of an evidence file (content-addressed), or None when it is missing."""
     sha = evidence.get("sha256", "")
-    path = ledger.artifact_root / sha[:2] / sha
-    return path if sha and path.exists() else None
+    if not sha:
+        return None
+    try:
+        path = ledger.artifact_path(sha)
+    except LedgerError:
+        return None
+    return path if path.exists() else None
 
 
 def loadgen_result(ledger: Ledger, feedback: dict[str, Any]) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ SHA = re.compile(r"^[0-9a-f]{64}$")
 def build_ui(ledger_path: str | Path, api_key: str | None = None, poll_s: float = 1.0) -> FastAPI:
     """The dashboard's app over the ledger at ledger_path (opened read-only on every request)."""
     app = FastAPI(title="infragent ui", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.ledger_path, app.state.api_key, app.state.poll_s = Path(ledger_path), api_key, poll_s
+    app.state.ledger_path, app.state.api_key, app.state.poll_s = str(ledger_path), api_key, poll_s
     app.middleware("http")(_authorize)
     app.get("/", response_class=HTMLResponse)(runs_page)
     app.get("/runs/{run_id}", response_class=HTMLResponse)(run_page)
@@ -79,7 +79,7 @@ def runs_page(request: Request) -> HTMLResponse:
             f'<td>{e(r["spec"] or "")}</td><td>{e(r["note"] or "")}</td></tr>' for r in runs]
     body = table(["run", "kind", "status", "started", "probes", "spec", "note"], rows, sortable=True, css="runs") \
         if rows else '<p class="muted">no runs yet: <code>infragent optimize SPEC</code> records one</p>'
-    return HTMLResponse(page("infragent ui", e(str(request.app.state.ledger_path)), [("runs", "Runs", body)]))
+    return HTMLResponse(page("infragent ui", e(_ledger(request).location), [("runs", "Runs", body)]))
 
 
 def run_page(request: Request, run_id: int) -> HTMLResponse:
@@ -169,7 +169,7 @@ async def run_events(request: Request, run_id: int) -> Response:
                 yield f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n"
             if cursor.status and cursor.status[0] != "running":
                 return
-            ledger.db.close()
+            ledger.close()
             yield ": alive\n\n"
             await asyncio.sleep(request.app.state.poll_s)
 
@@ -195,7 +195,12 @@ def api_run(request: Request, run_id: int) -> JSONResponse:
 
 def artifact(request: Request, sha: str) -> Response:
     """One stored artifact by its sha256 (what the report's evidence and trace links point at)."""
-    path = request.app.state.ledger_path.parent / "artifacts" / sha[:2] / sha
-    if not SHA.match(sha) or not path.is_file():
+    if not SHA.match(sha):
+        return JSONResponse({"error": f"no artifact {sha[:80]} in this ledger"}, status_code=404)
+    try:
+        path = _ledger(request).artifact_path(sha)
+    except LedgerError:
+        path = None
+    if path is None or not path.is_file():
         return JSONResponse({"error": f"no artifact {sha[:80]} in this ledger"}, status_code=404)
     return FileResponse(path, media_type="application/json")
