@@ -38,8 +38,9 @@ def _as_user() -> tuple[list[str], int | None, int | None]:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """Start a throwaway server; yield a URL for its database `postgres` (user infragent, trust auth)."""
+def postgres_server(fsync: bool = False) -> Iterator[str]:
+    """Start a throwaway server; yield a URL for its database `postgres` (user infragent, trust auth). fsync:
+    make commits durable, as a real server does (off for tests: faster, and the tests do not pull the plug)."""
     prefix, uid, gid = _as_user()
     root = Path(tempfile.mkdtemp(prefix="infragent-pg-"))
     os.chmod(root, 0o755)
@@ -51,7 +52,7 @@ def postgres_server() -> Iterator[str]:
     try:
         subprocess.run([*prefix, "initdb", "-D", str(data), "-U", "infragent", "--auth=trust", "-E", "UTF8"],
                        check=True, capture_output=True, text=True, timeout=120)
-        options = f"-c listen_addresses='' -k {sockets} -c fsync=off -c max_connections=40"
+        options = f"-c listen_addresses='' -k {sockets} -c fsync={'on' if fsync else 'off'} -c max_connections=40"
         started = subprocess.run([*prefix, "pg_ctl", "-D", str(data), "-l", str(log), "-o", options, "-w",
                                   "-t", "60", "start"], capture_output=True, text=True, timeout=120)
         if started.returncode != 0:
