@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -105,12 +104,14 @@ class Ledger:
             raise LedgerError(f"{ledger.location}: the ledger has no runs yet; `infragent optimize SPEC` records one")
         return ledger
 
-    def _write(self, sql: str, args: tuple) -> int:
+    def _write(self, sql: str, args: tuple) -> None:
         with self._transaction():
-            if sql.startswith("INSERT") and " ON CONFLICT " not in sql:
-                return self.db.insert(sql, args)
             self.db.execute(sql, args)
-            return 0
+
+    def _insert(self, sql: str, args: tuple) -> int:
+        """One INSERT in its own transaction; the new row's id."""
+        with self._transaction():
+            return self.db.insert(sql, args)
 
     def _transaction(self) -> Any:
         return self.db.transaction()
@@ -127,7 +128,7 @@ class Ledger:
     def start_run(self, kind: str, spec_path: str | None, spec_hash: str | None, environment_id: int | None) -> int:
         """A new run in status 'running'."""
         now = time.time()
-        return self._write("INSERT INTO runs (kind, spec_path, spec_hash, status, environment_id, created, updated) "
+        return self._insert("INSERT INTO runs (kind, spec_path, spec_hash, status, environment_id, created, updated) "
                            "VALUES (?, ?, ?, 'running', ?, ?, ?)", (kind, spec_path, spec_hash, environment_id, now, now))
 
     def run(self, run_id: int) -> dict[str, Any]:
@@ -166,38 +167,35 @@ class Ledger:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (run_id, experiment_id, key, feedback["probe"], feedback["verdict"],
                                                     feedback["finding"], json.dumps(numbers), time.time()))
             self.db.execute("INSERT INTO feedback (probe_result_id, data) VALUES (?, ?)", (pid, json.dumps(feedback)))
-            for sha, path, description in stored:
+            for sha, path, description, data in stored:
                 if self.postgres:  # the bytes travel with the ledger: readers elsewhere share no filesystem
                     self.db.execute("INSERT OR IGNORE INTO artifact_blobs (sha256, content) VALUES (?, ?)",
-                                    (sha, Path(path).read_bytes()))
+                                    (sha, data))
                 self.db.execute("INSERT INTO artifacts (probe_result_id, sha256, path, description) VALUES (?, ?, ?, ?)",
                                 (pid, sha, path, description))
             self.db.execute("UPDATE runs SET updated = ? WHERE id = ?", (time.time(), run_id))
         return pid
 
-    def _store_artifact(self, path: str, description: str) -> tuple[str, str, str]:
+    def _store_artifact(self, path: str, description: str) -> tuple[str, str, str, bytes]:
         data = Path(path).read_bytes()
         sha = hashlib.sha256(data).hexdigest()
-        target = self.artifact_root / sha[:2] / sha
+        target = self._artifact_file(sha)
         if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(".tmp")
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, target)  # atomic: a crash never leaves a half-written artifact under its hash
-        return sha, str(target), description
+            _put_file(target, data)
+        return sha, str(target), description, data
+
+    def _artifact_file(self, sha: str) -> Path:
+        return self.artifact_root / sha[:2] / sha
 
     def artifact_path(self, sha: str) -> Path:
         """The local file of an artifact by its hash; from a PostgreSQL ledger, fetched here when absent."""
-        target = self.artifact_root / sha[:2] / sha
+        target = self._artifact_file(sha)
         if target.exists() or not self.postgres:
             return target
         row = self.db.execute("SELECT content FROM artifact_blobs WHERE sha256 = ?", (sha,)).fetchone()
         if row is None:
             raise LedgerError(f"{self.location}: no artifact {sha}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(bytes(row[0]))
-        os.replace(tmp, target)
+        _put_file(target, bytes(row[0]))
         return target
 
     def environment_data(self, environment_id: int | None) -> dict[str, Any] | None:
@@ -212,7 +210,7 @@ class Ledger:
     def record_launch(self, run_id: int, role: str, pgid: int, port: int | None, argv: list[str],
                       log_path: str | None, started: float) -> int:
         """A launched process group, recorded before anything waits on it (so a resume can stop it)."""
-        return self._write("INSERT INTO launches (run_id, role, pgid, port, argv, log_path, started, status) "
+        return self._insert("INSERT INTO launches (run_id, role, pgid, port, argv, log_path, started, status) "
                            "VALUES (?, ?, ?, ?, ?, ?, ?, 'launched')",
                            (run_id, role, pgid, port, json.dumps(argv), log_path, started))
 
@@ -287,3 +285,10 @@ def charged(feedback: dict[str, Any]) -> bool:
     """Whether a probe record counts against a run's probe budget (the raw records of a charged probe do not)."""
     return feedback.get("details", {}).get("charged", True) is not False
 
+
+def _put_file(target: Path, data: bytes) -> None:
+    """Write data to target atomically: a crash never leaves a half-written artifact under its hash."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, target)
