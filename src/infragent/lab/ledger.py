@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS feedback (
 CREATE TABLE IF NOT EXISTS launches (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), role TEXT NOT NULL, pgid INTEGER NOT NULL,
     port INTEGER, argv TEXT NOT NULL, log_path TEXT, started REAL NOT NULL, stopped REAL, status TEXT NOT NULL,
-    note TEXT);
+    note TEXT, node TEXT);
 CREATE TABLE IF NOT EXISTS hypotheses (
     id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id), key TEXT NOT NULL, claim TEXT NOT NULL,
     probe TEXT NOT NULL, status TEXT NOT NULL, data TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
@@ -85,6 +85,8 @@ class Ledger:
                 self.db.execute("ALTER TABLE runs ADD COLUMN candidate_pgid INTEGER")
             if "budget" not in columns:  # a ledger from before budgets were recorded
                 self.db.execute("ALTER TABLE runs ADD COLUMN budget TEXT")
+            if "node" not in self.db.columns("launches"):  # a ledger from before trials ran on Ray nodes
+                self.db.execute("ALTER TABLE launches ADD COLUMN node TEXT")
         except DatabaseError as err:
             raise LedgerError(f"{location if not self.postgres else 'PostgreSQL ledger'}: not a usable ledger "
                               f"({err})") from None
@@ -184,6 +186,13 @@ class Ledger:
             _put_file(target, data)
         return sha, str(target), description, data
 
+    def put_artifact(self, data: bytes) -> Path:
+        """Keep bytes that arrived from elsewhere (a Ray node's artifact) under their hash; the local file."""
+        target = self._artifact_file(hashlib.sha256(data).hexdigest())
+        if not target.exists():
+            _put_file(target, data)
+        return target
+
     def _artifact_file(self, sha: str) -> Path:
         return self.artifact_root / sha[:2] / sha
 
@@ -208,11 +217,12 @@ class Ledger:
         self.db.close()
 
     def record_launch(self, run_id: int, role: str, pgid: int, port: int | None, argv: list[str],
-                      log_path: str | None, started: float) -> int:
-        """A launched process group, recorded before anything waits on it (so a resume can stop it)."""
-        return self._insert("INSERT INTO launches (run_id, role, pgid, port, argv, log_path, started, status) "
-                           "VALUES (?, ?, ?, ?, ?, ?, ?, 'launched')",
-                           (run_id, role, pgid, port, json.dumps(argv), log_path, started))
+                      log_path: str | None, started: float, node: str | None = None) -> int:
+        """A launched process group, recorded before anything waits on it (so a resume can stop it); node: the
+        Ray node it ran on (None: this machine)."""
+        return self._insert("INSERT INTO launches (run_id, role, pgid, port, argv, log_path, started, status, node) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, 'launched', ?)",
+                           (run_id, role, pgid, port, json.dumps(argv), log_path, started, node))
 
     def set_launch(self, launch_id: int, **fields: Any) -> None:
         """Update a launch's status, stopped time or note."""

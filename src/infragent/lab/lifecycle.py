@@ -48,7 +48,7 @@ def stop_orphans(ledger: Ledger, run_id: int, log: Callable[[str], None]) -> Non
         if row.get(column) and stop_group(row[column], grace_s=5):
             log(f"stopped the process group {row[column]} ({column}) left by the interrupted run")
     for launch in ledger.launches(run_id):
-        if launch["stopped"] is None:
+        if launch["stopped"] is None and launch.get("node") is None:  # a Ray node's launches: its guardian's
             if stop_group(launch["pgid"], grace_s=5, started_after=launch["started"]):
                 log(f"stopped the process group {launch['pgid']} ({launch['role']}, port {launch['port']}) "
                     "left by the interrupted run")

@@ -8,7 +8,11 @@
                                   (files next to the spec; knobs become keyword arguments of the candidate),
                                   optional partition, bench_inputs, workload, rtol;
                                   code = "PATH" (what code proposers patch, in a git worktree) and
-                                  tests = "COMMAND" (run in each candidate's worktree first)
+                                  tests = "COMMAND" (run in each candidate's worktree first);
+                                  resources = { num_cpus = 1, num_gpus = 0, custom = { node_kind = 1 } } (what
+                                  one trial holds on a Ray node: its baseline twin, candidate and load generator)
+    [executor]                    kind = "local" (default: trials one after another, in-process) or "ray"
+                                  (trials concurrently on a Ray cluster); address = "ray://..." or "auto"
     [knobs.NAME]                  type = "int" | "float" | "choice" | "bool"; domain = [lo, hi] or choices;
                                   touches = ["decode", "kv.gather"]   (spans or kernels the knob acts on)
     [[scenarios]]                 name, and loadgen fields (num_prompts, max_concurrency, request_rate, ...)
@@ -63,6 +67,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Resources(_Strict):
+    """What one trial holds on a Ray node (a candidate, its baseline twin and the load generator)."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    custom: dict[str, float] = Field(default_factory=dict)  # the cluster's own resource names
+
+    @field_validator("custom")
+    @classmethod
+    def _positive(cls, custom: dict[str, float]) -> dict[str, float]:
+        for name, amount in custom.items():
+            if amount <= 0:
+                raise ValueError(f"a trial needs a positive amount of {name}, got {amount}")
+        return custom
+
+    def ray_demand(self) -> dict[str, float]:
+        """Ray's names for the amounts (CPU, GPU, custom), zeros left out."""
+        demand = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.custom}
+        return {name: amount for name, amount in demand.items() if amount > 0}
+
+
+class Executor(_Strict):
+    """Where trials run: here, one after another, or concurrently on a Ray cluster."""
+
+    kind: Literal["local", "ray"] = "local"
+    address: Optional[str] = None  # a Ray cluster's address ("auto", "ray://HOST:10001"); None starts a local one
+
+
 class Target(_Strict):
     """What is optimized: the built-in engine, or a launch command with {knob} placeholders."""
 
@@ -90,6 +122,7 @@ class Target(_Strict):
     # command target the repository its command runs in (launched inside the candidate's worktree)
     code: Optional[str] = None
     tests: Optional[str] = None  # a test command run in each candidate's worktree before any probe (rc 0 = pass)
+    resources: Resources = Field(default_factory=Resources)  # one trial's hold on a Ray node (--executor ray)
 
     @model_validator(mode="after")
     def _kind_has_its_fields(self) -> "Target":
@@ -194,6 +227,7 @@ class Spec(_Strict):
     knobs: dict[str, Knob] = Field(default_factory=dict)
     scenarios: list[Scenario] = Field(default_factory=list)
     criteria: list[Criterion] = Field(default_factory=list)
+    executor: Executor = Field(default_factory=Executor)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> "Spec":

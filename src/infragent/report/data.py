@@ -104,7 +104,8 @@ def _trial_row(candidate: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> 
             "objective": candidate.get("objective"),
             "objective_ci": [measure.get("ci_low"), measure.get("ci_high")] if isinstance(measure, dict) else None,
             "why": candidate.get("why", ""), "gates": gates, "judgements": candidate.get("judgements", []),
-            "cost_s": sum(g["cost_s"] or 0 for g in gates)}
+            "cost_s": sum(g["cost_s"] or 0 for g in gates),
+            "node": candidate.get("node")}  # the Ray node that measured it, twin baseline included (None: here)
 
 
 def _patch_summary(patch: str) -> str:

@@ -91,7 +91,7 @@ def headline_html(r: RunReport) -> str:
                      f'{_measure_text(h.objective.get("objective_baseline"))} → '
                      f'{_measure_text(h.objective.get("objective_candidate"))}'
                      + (f' (x{fmt(ratio.get("value"))} [{fmt(ratio.get("ci_low"))}, {fmt(ratio.get("ci_high"))}] over '
-                        f'twin repeats)' if ratio else "") + "</p>")
+                        f'twin repeats)' if ratio else "") + _measured_on(r, h.trial) + "</p>")
     if h.stopped:
         parts.append(f'<p class="stopped">stopped: {e(h.stopped)}</p>')
     passed = sum(j["verdict"] == "pass" for j in h.judgements)
@@ -102,6 +102,12 @@ def headline_html(r: RunReport) -> str:
     return "".join(parts)
 
 
+def _measured_on(r: RunReport, trial: int | None) -> str:
+    """", both measured on node N" for a trial that ran on a Ray node (its baseline was its twin there)."""
+    node = next((t["node"] for t in r.trials if t["trial"] == trial and t.get("node")), None)
+    return f", both measured on node {e(node)}" if node else ""
+
+
 def trials_html(r: RunReport) -> str:
     """One sortable row per trial: the change, each gate's verdict and cost, the objective, the outcome."""
     if not r.trials:
@@ -109,6 +115,7 @@ def trials_html(r: RunReport) -> str:
                 '<p class="muted">no trials: this run measured the baseline only</p>')
     best = r.headline.best["trial"] if r.headline.best else None
     recorded = {p["key"].split("/")[1] for p in r.probes if p["key"].startswith("trial/")}
+    on_nodes = any(t.get("node") for t in r.trials)
     rows = []
     for t in r.trials:
         change = t["patch_summary"] or ", ".join(f"{k}={v}" for k, v in t["knobs"].items()) or "-"
@@ -120,14 +127,16 @@ def trials_html(r: RunReport) -> str:
         cls = " ".join(c for c in ("accepted" if t["accepted"] else "", "best-row" if t["trial"] == best else "") if c)
         number = (f'<a href="#records-trial-{t["trial"]}" title="its probe records">{t["trial"]}</a>'
                   if str(t["trial"]) in recorded else str(t["trial"]))
+        node = f'<td>{e(t["node"] or "-")}</td>' if on_nodes else ""
         rows.append(f'<tr id="trial-{t["trial"]}" class="{cls}"><td class="num" data-value="{t["trial"]}">{number}'
                     f'</td><td>{e(t["proposer"])}</td><td>{e(change)}</td><td>{e(t["hypothesis"] or "-")}'
                     f'</td><td>{gates}</td><td class="num" data-value="{t["objective"] if t["objective"] is not None else -1e300}">'
                     f'{objective}</td><td class="num" data-value="{t["cost_s"]:.3f}">{t["cost_s"]:.0f}</td>'
-                    f'<td>{e(outcome)}</td><td>{e(t["why"][:400])}</td></tr>')
-    return ('<p class="muted">click a column to sort; a trial links to its probe records, a gate to its own</p>'
-            + table(["trial", "proposer", "change", "hypothesis", "gates", "objective [CI]", "cost s", "outcome", "why"],
-                    rows, sortable=True, css="trials"))
+                    f'<td>{e(outcome)}</td>{node}<td>{e(t["why"][:400])}</td></tr>')
+    return ('<p class="muted">click a column to sort; a trial links to its probe records, a gate to its own'
+            + ("; node: where the trial and its twin baseline were measured" if on_nodes else "") + '</p>'
+            + table(["trial", "proposer", "change", "hypothesis", "gates", "objective [CI]", "cost s", "outcome"]
+                    + (["node"] if on_nodes else []) + ["why"], rows, sortable=True, css="trials"))
 
 
 def progress_html(r: RunReport) -> str:
