@@ -20,6 +20,7 @@ class Budget:
 
     probes: int = 12
     minutes: float = 8.0
+    trials: int | None = None  # trials started at most (None: no limit of its own)
 
 
 FEEDBACK_MODES = ("ladder", "e2e-only")  # the cheapest-first ladder, or every proposal judged end to end only
@@ -65,10 +66,14 @@ class RunContext:
         """Whether the probe budget allows this many more probe runs (the diagnosis: minutes bound trials)."""
         return self.probes + probes_needed <= self.budget.probes
 
+    def trials_left(self, started: int) -> bool:
+        """Whether the trial budget allows another trial after `started` (finished and in flight)."""
+        return self.budget.trials is None or started < self.budget.trials
+
     def spent(self) -> str:
         """The budget as spent, in words."""
         return (f"budget: {self.probes} probes of {self.budget.probes}, {self.minutes():.1f} of "
-                f"{self.budget.minutes:g} minutes")
+                f"{self.budget.minutes:g} minutes" + (f", {self.budget.trials} trials" if self.budget.trials else ""))
 
     def note(self, event: str) -> None:
         """A moment worth timing (a diagnosis, an acceptance), with the seconds since the loop started."""

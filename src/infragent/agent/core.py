@@ -64,7 +64,7 @@ def optimize(spec_path: str | Path, ledger: Ledger, budget: Budget, proposer: Pr
         if executor.kind == "ray" else "")
     with guarded_run(ledger, run_id, how, log):
         ctx = RunContext(spec, spec_path, ledger, run_id, budget, log, seed, feedback)
-        ledger.set_run(run_id, budget=json.dumps(asdict(budget)))
+        ledger.set_run(run_id, budget=json.dumps({k: v for k, v in asdict(budget).items() if v is not None}))
         outcome = _optimize(ctx, target, proposer, executor)
         ledger.set_run(run_id, status="completed", note="; ".join(outcome.limits) or None)
     return outcome
@@ -103,7 +103,7 @@ def _run_trials(ctx: RunContext, target: LoopTarget, proposer: Proposer, hypothe
     while True:
         result = replays.get(number)
         if result is None:
-            if not ctx.left(probes_needed=2):
+            if not ctx.left(probes_needed=2) or not ctx.trials_left(number):
                 outcome.limits.append(ctx.spent())
                 break
             try:

@@ -79,8 +79,9 @@ def run_trials(ctx: RunContext, target: LoopTarget, proposer: Proposer, hypothes
     try:
         while True:
             while stopping is None and len(flights) < _capacity(ray, demand):
-                if not ctx.left(probes_needed=2 * (len(flights) + 1)):
-                    stopping = ctx.spent()
+                if not ctx.left(probes_needed=2 * (len(flights) + 1)) or not ctx.trials_left(len(trials) + len(flights)):
+                    if not flights:  # else the running trials may leave budget (their records not counted yet)
+                        stopping = ctx.spent()
                     break
                 number = next(numbers)
                 result = fresh_result(number, target, proposer)
@@ -107,13 +108,16 @@ def run_trials(ctx: RunContext, target: LoopTarget, proposer: Proposer, hypothes
                                spec_hash, shipped, _budget_left(ctx), ctx.seed, ctx.feedback, calibrations)
                 flight = _launch(ray, runner, demand, candidate, hypothesis, result, job, 1, [], stack)
                 flights[flight.run_ref] = flight
+            if not flights and stopping is None and _capacity(ray, demand) == 0:
+                stopping = (f"no live node of the cluster can hold a trial: each needs {demand}; the nodes offer "
+                            f"{[n.get('Resources') for n in _alive(ray)]} (fix [target] resources or add nodes)")
             if not flights:
                 break
             done, _ = ray.wait(list(flights), num_returns=1, timeout=WAIT_S)
             _locate(ray, flights.values())
             for ref in done:
                 flight = flights.pop(ref)
-                finished = _land(ray, ctx, flight, calibrations)
+                finished = _land(ray, ctx, flight, calibrations, retry=_capacity(ray, demand) > 0)
                 if finished is None:  # a failed attempt, to run again elsewhere
                     retry = _launch(ray, runner, demand, flight.candidate, flight.hypothesis, flight.result,
                                     flight.job, flight.attempt + 1, flight.failed_on + [flight.node_id or ""],
@@ -157,8 +161,8 @@ def _fits(node: dict, demand: dict[str, float]) -> int:
 
 
 def _capacity(ray: Any, demand: dict[str, float]) -> int:
-    """Trials the live nodes can hold at once (at least one, so a run never waits on nothing)."""
-    return max(1, sum(_fits(node, demand) for node in _alive(ray)))
+    """Trials the live nodes can hold at once."""
+    return sum(_fits(node, demand) for node in _alive(ray))
 
 
 def _launch(ray: Any, runner: Any, demand: dict[str, float], candidate: Candidate, hypothesis: Hypothesis | None,
@@ -180,9 +184,9 @@ def _launch(ray: Any, runner: Any, demand: dict[str, float], candidate: Candidat
                   failed_on=failed_on)
 
 
-def _land(ray: Any, ctx: RunContext, flight: Flight, calibrations: dict[str, dict]) -> dict | None:
+def _land(ray: Any, ctx: RunContext, flight: Flight, calibrations: dict[str, dict], retry: bool) -> dict | None:
     """A finished attempt into the ledger: the target's verdict, or None when it failed and may run again (a
-    failed last attempt becomes the trial's verdict)."""
+    failed last attempt, or one no live node could run again, becomes the trial's verdict)."""
     _locate(ray, [flight])
     bundle: TrialBundle | None = None
     try:
@@ -205,9 +209,10 @@ def _land(ray: Any, ctx: RunContext, flight: Flight, calibrations: dict[str, dic
         if bundle.environment is not None:
             flight.result["node_environment"] = ctx.ledger.environment(bundle.environment)
         return dict(bundle.judged)
-    again = flight.attempt < ATTEMPTS
+    again = flight.attempt < ATTEMPTS and retry
     ctx.record(f"{flight.job.key}/attempt-{flight.attempt}", Feedback(
-        "trial", "fail", f"{cause}; " + ("retried once on another node" if again else "not retried again"),
+        "trial", "fail", f"{cause}; " + ("retried once on another node" if again else "not retried again" if retry
+                                         else "no live node can hold it to retry"),
         details={"node": flight.node, "attempt": flight.attempt, "cause": cause}), flight.candidate.experiment,
         charge=False)
     ctx.log(f"  [{flight.job.key}] attempt {flight.attempt} FAILED: {cause[:300]}")

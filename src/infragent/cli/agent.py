@@ -21,6 +21,7 @@ def optimize(
     llm_model: Optional[str] = typer.Option(None, "--llm-model", help="Default: $INFRAGENT_LLM_MODEL or $OPENAI_MODEL."),
     budget_probes: int = typer.Option(12, "--budget-probes", help="Stop after this many probe runs."),
     budget_minutes: float = typer.Option(8.0, "--budget-minutes", help="Stop starting trials after this long."),
+    budget_trials: Optional[int] = typer.Option(None, "--budget-trials", min=1, help="Start at most this many trials."),
     resume: Optional[int] = typer.Option(None, "--resume", help="Continue an interrupted run."),
     ledger_path: str = typer.Option(DEFAULT_LEDGER, "--ledger", help="The ledger: a SQLite file, or "
                                     "postgresql://... ($INFRAGENT_LEDGER)."),
@@ -59,7 +60,8 @@ def optimize(
         return
     try:
         code_proposer = _code_proposer(proposer, command, llm_base_url, llm_model)
-        run_optimize(path, ledger_file(ledger_path, export_artifacts=True), Budget(budget_probes, budget_minutes),
+        run_optimize(path, ledger_file(ledger_path, export_artifacts=True),
+                     Budget(budget_probes, budget_minutes, budget_trials),
                      resume, code_proposer, feedback, chosen)
     except (ValueError, RuntimeError) as err:
         fail(str(err))

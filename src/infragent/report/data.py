@@ -247,6 +247,7 @@ def _probe_row(ledger: Ledger, r: dict[str, Any]) -> dict[str, Any]:
     details = r["feedback"].get("details", {})
     return {"key": r["key"], "probe": r["probe"], "verdict": r["verdict"], "finding": r["finding"],
             "cost_s": details.get("cost_s"), "charged": charged(r["feedback"]), "contended": _contended(r["feedback"]),
+            "node": details.get("node"),  # the Ray node that measured it (None: the driver's machine)
             "evidence": [{"path": ev.get("path"), "sha256": ev.get("sha256"), "description": ev.get("description", ""),
                           "stored": str(p) if (p := stored_artifact(ledger, ev)) else None}
                          for ev in r["feedback"].get("evidence", [])]}

@@ -289,9 +289,10 @@ def probes_html(r: RunReport, served: bool = False) -> str:
         anchored.add(trial)
         files = " ".join(f'<a href="{e(_evidence_href(ev, served))}">{e(ev["description"] or "file")}</a>'
                          for ev in p["evidence"] if ev["path"])
+        machine = " ".join(filter(None, [p.get("node"), "busy" if p["contended"] else ""]))  # node: a Ray node's
         rows.append(f'<tr id="probe-{e(p["key"])}" class="verdict-{e(p["verdict"])}"><td>{e(p["key"])}</td>'
                     f'<td>{e(p["probe"])}{anchor}</td><td class="v">{e(p["verdict"].upper())}</td>'
-                    f'<td class="num">{fmt(p["cost_s"], 3)}</td><td>{"busy" if p["contended"] else ""}</td>'
+                    f'<td class="num">{fmt(p["cost_s"], 3)}</td><td>{e(machine)}</td>'
                     f'<td>{e(p["finding"][:800])}</td><td>{files}</td></tr>')
     return (f"<details open><summary>{len(rows)} records</summary>"
             + table(["key", "probe", "verdict", "cost s", "machine", "finding", "evidence"], rows, sortable=True,
