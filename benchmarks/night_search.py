@@ -11,8 +11,8 @@ Inputs, all measured:
     since one driver lands every bundle);
   * the proposer's parallel efficiency: async TPE with N trials pending (constant liar) against one at a time,
     on a synthetic objective over the run's own knob space (a smooth bowl around a random optimum, 2% noise):
-    the trials needed to get within 5% of the optimum, median over replicates; efficiency = trials(1) /
-    trials(N).
+    the trials needed to get within --within (1%) of the optimum, median over --replicates seeds; efficiency =
+    trials(1) / trials(N), with a bootstrap CI over the seeds.
 
 The simulation: N nodes each run one trial at a time, trial times drawn from the run's (bootstrap); the driver
 is one server that proposes before each start and lands each finished trial, first come first served. A
@@ -112,9 +112,7 @@ def simulate(nodes: int, durations: list[float], ask_s: dict[int, float], land_s
 
 
 def _bowl(knobs: dict[str, Knob], rng: random.Random):  # noqa: ANN202
-    """A smooth objective over the knobs' domains with a random optimum; 1.0 at the optimum."""
-    optimum = {n: rng.random() for n in knobs}
-
+    """A smooth objective over the knobs' domains, 1.0 at a random configuration the knobs can take."""
     def scaled(name: str, value: float) -> float:
         knob = knobs[name]
         if knob.type in ("int", "float"):
@@ -125,13 +123,23 @@ def _bowl(knobs: dict[str, Knob], rng: random.Random):  # noqa: ANN202
         values = [False, True] if knob.type == "bool" else list(knob.domain)
         return values.index(value) / max(1, len(values) - 1)
 
+    def reachable(name: str) -> float:
+        knob = knobs[name]
+        if knob.type == "int":
+            return scaled(name, rng.randint(*(int(x) for x in knob.domain)))
+        if knob.type == "float":
+            low, high = (float(x) for x in knob.domain)
+            return scaled(name, rng.uniform(low, high))
+        return scaled(name, rng.choice([False, True] if knob.type == "bool" else list(knob.domain)))
+
+    optimum = {n: reachable(n) for n in knobs}
+
     def objective(values: dict) -> float:
         return 1.0 - sum((scaled(n, values[n]) - optimum[n]) ** 2 for n in knobs) / len(knobs)
     return objective
 
 
-def trials_to_target(knobs: dict[str, Knob], pending: int, seed: int, limit: int = 400,
-                     within: float = 0.05) -> int:
+def trials_to_target(knobs: dict[str, Knob], pending: int, seed: int, within: float, limit: int = 400) -> int:
     """Trials async TPE needs, with `pending` trials in flight, to get within `within` of the optimum."""
     rng = random.Random(seed)
     objective = _bowl(knobs, rng)
@@ -147,13 +155,25 @@ def trials_to_target(knobs: dict[str, Knob], pending: int, seed: int, limit: int
     return limit
 
 
+def efficiency_ci(alone: list[int], parallel: list[int], resamples: int = 2000,
+                  level: float = 0.95) -> tuple[float, float, float]:
+    """Median trials alone / median trials in parallel, with a bootstrap percentile CI over the replicates."""
+    rng = random.Random(0)
+    point = statistics.median(alone) / statistics.median(parallel)
+    ratios = sorted(statistics.median(rng.choices(alone, k=len(alone)))
+                    / statistics.median(rng.choices(parallel, k=len(parallel))) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return point, ratios[int(tail * resamples)], ratios[int((1 - tail) * resamples) - 1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--run", type=int, required=True)
     parser.add_argument("--append-rate", type=float, default=638.0, help="ledger records/s (PostgreSQL, 1 writer)")
     parser.add_argument("--hours", type=float, default=8.0)
-    parser.add_argument("--replicates", type=int, default=5)
+    parser.add_argument("--replicates", type=int, default=20)
+    parser.add_argument("--within", type=float, default=0.01, help="target: this close to the optimum's objective")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -167,16 +187,18 @@ def main() -> None:
           f"(min {min(durations):.1f}, max {max(durations):.1f}); {records:.1f} records per trial")
     print("driver per trial: ask+tell " + ", ".join(f"{s * 1000:.1f} ms at {h}" for h, s in ask_s.items())
           + f"; landing {land_s * 1000:.1f} ms ({args.append_rate:g} records/s)")
-    needed = {n: [trials_to_target(knobs, n, seed) for seed in range(args.replicates)] for n in NODES}
-    base = statistics.median(needed[1])
+    needed = {n: [trials_to_target(knobs, n, seed, args.within) for seed in range(args.replicates)] for n in NODES}
     rows = []
     for n in NODES:
         night = simulate(n, durations, ask_s, land_s, args.hours, seed=n)
-        efficiency = base / statistics.median(needed[n])
+        efficiency, low, high = efficiency_ci(needed[1], needed[n])
+        to_target_s = max(min(durations), statistics.median(needed[n]) / night["trials_per_hour"] * 3600)
         rows.append({"nodes": n, **night, "trials_to_target": needed[n], "parallel_efficiency": efficiency,
+                     "parallel_efficiency_ci": [low, high], "minutes_to_target": to_target_s / 60,
                      "useful_trials_per_hour": night["trials_per_hour"] * min(1.0, efficiency)})
         print(f"{n:3d} nodes: {night['trials_per_hour']:8.1f} trials/h, driver busy {night['driver_utilisation']:.1%},"
-              f" trials to within 5% of the optimum {statistics.median(needed[n]):.0f} (efficiency {efficiency:.2f}),"
+              f" trials to within {args.within:.0%} of the optimum {statistics.median(needed[n]):.0f}"
+              f" (efficiency {efficiency:.2f} [{low:.2f}, {high:.2f}]; about {to_target_s / 60:.0f} min),"
               f" useful {rows[-1]['useful_trials_per_hour']:.1f} trials/h")
     mean_trial = statistics.mean(durations)
     late_ask = driver_seconds(ask_s, int(rows[-1]["trials_per_hour"] * args.hours))

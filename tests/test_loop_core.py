@@ -15,7 +15,7 @@ from infragent.agent.proposal import ProposalContext, SearchDone
 from infragent.agent.search import SearchProposer
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Knob, Spec
-from infragent.lab.trajectory import chains
+from infragent.lab.trajectory import best_of, chains
 from infragent.probes.feedback import Feedback
 
 
@@ -150,3 +150,13 @@ random_output_len = 4
     assert chunked.knobs == ["max_num_batched_tokens"] and waiting.knobs == ["max_num_seqs"]
     scheduling = trace["details"]["scheduling"]
     assert scheduling["steps_at_budget"] >= 2 * 5 and scheduling["max_running"] == 1
+
+
+def test_trials_on_cluster_nodes_are_ranked_by_their_gain_over_their_own_twin() -> None:
+    ray_trials = [{"trial": 0, "status": "measured", "feasible": True, "objective": 0.94, "objective_ratio": 3.3,
+                   "node": "a"},
+                  {"trial": 2, "status": "measured", "feasible": True, "objective": 0.76, "objective_ratio": 3.4,
+                   "node": "b"}]
+    assert best_of(ray_trials)[0]["trial"] == 2  # node a was the quieter one; trial 2 gained more on its own
+    local_trials = [{k: v for k, v in t.items() if k != "node"} for t in ray_trials]
+    assert best_of(local_trials)[0]["trial"] == 0  # one machine: the objectives compare directly

@@ -78,6 +78,8 @@ def test_trials_run_two_at_a_time_each_against_a_twin_on_its_own_node(cluster, t
     spans = sorted((t["started_at"], t["finished_at"]) for t in trials)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans  # the ledger's clock shows the overlap
     assert outcome.best is not None and any(j["verdict"] == "pass" for j in outcome.best["judgements"])
+    feasible = [t for t in trials if t["status"] == "measured" and t["feasible"]]
+    assert outcome.best["objective_ratio"] == max(t["objective_ratio"] for t in feasible)  # ranked on its own node
     assert ledger.run(outcome.run_id)["status"] == "completed"
     # twins: every sample a relative judgement rests on came from launches of that trial, on its node
     launches = ledger.launches(outcome.run_id)

@@ -25,6 +25,9 @@ def summary_lines(outcome: Outcome) -> list[str]:
         lines.append("no proposal beat the baseline within the criteria; keeping the baseline")
     else:
         lines.append(f"best: trial {best['trial']} {best['knobs']} -> {best['finding']}")
+        if best.get("node") and best.get("objective_ratio") is not None:
+            lines.append(f"  ranked by its gain over its own twin baseline on {best['node']}: "
+                         f"objective x{best['objective_ratio']:.3f}")
         for j in best.get("judgements", []):
             if j["phase"] == "kernel" and not j.get("method"):
                 j = {**j, "method": "paired bench ratio" if "ratio" in j["metric"]

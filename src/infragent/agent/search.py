@@ -11,12 +11,14 @@ they stay at their defaults from then on.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import optuna
 
 from infragent.agent.proposal import Proposal, ProposalContext, SearchDone
 from infragent.lab.spec import Knob
+from infragent.lab.trajectory import ranking
 
 optuna.logging.set_verbosity(logging.WARNING)
 
@@ -106,8 +108,8 @@ class SearchProposer:
 
     def _told(self, number: int, result: dict[str, Any]) -> None:
         self._proposed.pop(number, None)
-        if result.get("status") == "measured":
-            self.tell_objective(number, result["objective"], result["feasible"])
+        if result.get("status") == "measured" and math.isfinite(ranking(result)):
+            self.tell_objective(number, ranking(result), result["feasible"])
         else:
             self.reject(number)
 

@@ -269,7 +269,8 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
     raw = {f"{name}/{side}": _as_loadgen(scenario_of(spec, name), sides[side], side)
            for name, sides in runs.items() for side in sides}
     feasible = not failed and not unsure and not wrong and not flat
-    return feedback, {"objective": float(np.median(values["candidate"])), "feasible": feasible}, raw
+    return feedback, {"objective": float(np.median(values["candidate"])), "objective_ratio": gain_.ratio,
+                      "feasible": feasible}, raw
 
 
 def output_agreement(runs: dict[str, dict[str, list[Run]]]) -> tuple[float, int]:

@@ -246,6 +246,7 @@ class ServingTarget:
                 for name, fb in raw.items():  # the raw records of the e2e probe above (its cost is there)
                     ctx.record(f"{key}/{name}", fb, experiment, time.monotonic(), charge=False)
                 return {"status": "measured", "objective": score["objective"], "feasible": score["feasible"],
+                        "objective_ratio": score["objective_ratio"],
                         "finding": e2e.finding, "judgements": judgements + e2e.details["judgements"], "local": local,
                         "why": f"end to end: criteria {e2e.verdict}"}
         except TargetDied as err:

@@ -43,6 +43,14 @@ def decision(hypothesis: dict[str, Any], tested: list[dict[str, Any]]) -> str:
     return "open: its probe did not run" if status == "open" else "inconclusive: its probe could not decide"
 
 
+def ranking(trial: dict) -> float:
+    """What trials are ranked by, higher is better: the objective; for a trial run on a cluster node, its
+    objective over its own same-node twin baseline's (absolute figures from different nodes, or from one
+    node under different neighbours, do not compare)."""
+    value = trial.get("objective_ratio", trial["objective"]) if trial.get("node") else trial["objective"]
+    return -math.inf if value is None else value
+
+
 def best_of(trials: list[dict]) -> tuple[dict | None, list[str]]:
     """The best feasible measured trial, and what limited the result."""
     measured = [t for t in trials if t["status"] == "measured"]
@@ -53,7 +61,7 @@ def best_of(trials: list[dict]) -> tuple[dict | None, list[str]]:
                       + ")")
     elif not feasible:
         limits.append("every measured proposal failed a criterion")
-    best = max(feasible, key=lambda t: -math.inf if t["objective"] is None else t["objective"], default=None)
+    best = max(feasible, key=ranking, default=None)
     return best, limits
 
 

@@ -101,7 +101,7 @@ def _trial_row(candidate: dict[str, Any], by_key: dict[str, dict[str, Any]]) -> 
             "patch": patch, "patch_summary": _patch_summary(patch) if patch else "",
             "status": candidate["status"], "feasible": bool(candidate.get("feasible")),
             "accepted": candidate["status"] == "measured" and bool(candidate.get("feasible")),
-            "objective": candidate.get("objective"),
+            "objective": candidate.get("objective"), "objective_ratio": candidate.get("objective_ratio"),
             "objective_ci": [measure.get("ci_low"), measure.get("ci_high")] if isinstance(measure, dict) else None,
             "why": candidate.get("why", ""), "gates": gates, "judgements": candidate.get("judgements", []),
             "cost_s": sum(g["cost_s"] or 0 for g in gates),
@@ -125,7 +125,8 @@ def _headline(ledger: Ledger, run: dict[str, Any], trials: list[dict[str, Any]],
     baseline = ledger.experiment_knobs(run["id"], "baseline") or {}
     stopped = "" if run["status"] == "running" else run.get("note") or "; ".join(limits)
     if best is not None:
-        shown, judged = best, f"best: trial {best['trial']}"
+        shown, judged = best, f"best: trial {best['trial']}" + (
+            f" (ranked by its gain over its own twin on {best['node']})" if best.get("node") else "")
     else:
         measured = [t for t in trials if t["judgements"]]
         shown = min(measured, key=lambda t: (sum(j["verdict"] == "fail" for j in t["judgements"]),
