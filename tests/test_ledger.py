@@ -36,7 +36,7 @@ def postgres() -> Iterator[str]:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def location(request, tmp_path: Path, monkeypatch) -> str:
-    """A new, empty ledger on each backend; a PostgreSQL ledger's home folder is tmp_path."""
+    """A new, empty ledger on each backend; a PostgreSQL ledger's home folder is under tmp_path."""
     monkeypatch.setenv("INFRAGENT_HOME", str(tmp_path))
     if request.param == "sqlite":
         return str(tmp_path / "ledger.sqlite")
@@ -59,7 +59,7 @@ def test_records_probes_artifacts_and_environment(tmp_path, location):
     with pytest.raises(DatabaseError):
         book.record_probe(run, "s/0", _feedback())  # a key is recorded once per run
     assert book.completed_keys(run) == {"s/0"}
-    stored = list((tmp_path / "artifacts").rglob("*"))
+    stored = list(book.artifact_root.rglob("*"))
     assert any(p.is_file() and p.read_text() == "[1, 2, 3]" for p in stored)
     lines = [json.loads(line) for line in book.export_jsonl()]
     assert lines[0]["run"]["id"] == run and lines[0]["probes"][0]["numbers"] == {"ratio": 1.02}
@@ -68,7 +68,7 @@ def test_records_probes_artifacts_and_environment(tmp_path, location):
         book.run(99)
     sha = next(p.name for p in stored if p.is_file())
     if book.postgres:  # the bytes live in the database too: a machine without the file gets them back
-        (tmp_path / "artifacts" / sha[:2] / sha).unlink()
+        (book.artifact_root / sha[:2] / sha).unlink()
     assert book.artifact_path(sha).read_text() == "[1, 2, 3]"
     if not book.postgres:
         assert book.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -212,3 +212,15 @@ def test_a_ledger_from_before_candidate_tracking_gains_the_column(tmp_path: Path
     assert ledger.run(1)["candidate_pgid"] is None and ledger.run(1)["kind"] == "optimize"
     ledger.set_run(1, candidate_pgid=4242)
     assert ledger.run(1)["candidate_pgid"] == 4242
+
+
+def test_ledgers_sharing_a_folder_keep_their_logs_apart(tmp_path, monkeypatch, postgres):
+    """Run 1 of a SQLite ledger in ./.infragent and run 1 of each PostgreSQL database write their launch logs,
+    reports and worktrees under different folders, so none overwrites another's."""
+    monkeypatch.setenv("INFRAGENT_HOME", str(tmp_path))
+    homes = {Ledger(tmp_path / "ledger.sqlite").home}
+    for name in ("night_a", "night_b"):
+        homes.add(Ledger(fresh_database(postgres, f"{name}_{uuid.uuid4().hex[:8]}")).home)
+    assert len(homes) == 3 and all(home.is_relative_to(tmp_path) for home in homes)
+    url = fresh_database(postgres, f"again_{uuid.uuid4().hex[:8]}")
+    assert Ledger(url).home == Ledger(url).home  # the same database, the same folder, run after run

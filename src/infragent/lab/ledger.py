@@ -5,8 +5,8 @@ append to it at once). Every write is its own transaction, so a `kill -9` loses 
 and a run can be resumed from what it has recorded.
 
 Artifacts are kept by content hash under the ledger's home folder (a SQLite ledger's folder; for PostgreSQL,
-$INFRAGENT_HOME or ./.infragent); a PostgreSQL ledger also keeps their bytes in the database, so a reader on
-another machine gets them back (artifact_path).
+postgresql-<id of server and database> under $INFRAGENT_HOME or ./.infragent); a PostgreSQL ledger also keeps
+their bytes in the database, so a reader on another machine gets them back (artifact_path).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from infragent.lab.ledger_db import (Database, DatabaseError, PostgresDatabase, SQLiteDatabase, is_postgres,
-                                     postgres_schema)
+                                     postgres_schema, without_password)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS environments (
@@ -55,6 +55,15 @@ CREATE TABLE IF NOT EXISTS artifact_blobs (sha256 TEXT PRIMARY KEY, content BLOB
 """
 
 
+def _postgres_home(url: str) -> Path:
+    """This machine's folder for one PostgreSQL database's logs and local copies: one per server and database
+    under $INFRAGENT_HOME, so run 1's logs of one ledger never overwrite run 1's of another (or a SQLite
+    ledger's in the same folder)."""
+    server = without_password(url).split("?")[0]
+    base = Path(os.environ.get("INFRAGENT_HOME", ".infragent")).resolve()
+    return base / f"postgresql-{hashlib.sha256(server.encode()).hexdigest()[:12]}"
+
+
 class LedgerError(RuntimeError):
     """A ledger that cannot be opened or a run that does not exist; the message says which."""
 
@@ -65,9 +74,8 @@ class Ledger:
     def __init__(self, location: str | Path, readonly: bool = False) -> None:
         self.postgres = is_postgres(location)
         self.path: Path | None = None if self.postgres else Path(location)  # the SQLite file
-        self.home = (Path(os.environ.get("INFRAGENT_HOME", ".infragent")).resolve() if self.postgres
-                     else self.path.parent)  # logs, workspaces and artifacts of this machine's runs
-        self.artifact_root = self.home / "artifacts"
+        self.home = self.path.parent if self.path else _postgres_home(str(location))
+        self.artifact_root = self.home / "artifacts"  # with logs, workspaces and reports of this machine's runs
         try:
             if self.postgres:
                 self.db: Database = PostgresDatabase(str(location), readonly)

@@ -47,6 +47,11 @@ def is_postgres(location: str | Path) -> bool:
     return str(location).startswith(POSTGRES_SCHEMES)
 
 
+def without_password(url: str) -> str:
+    """A PostgreSQL URL fit for messages and names: its password replaced by ***."""
+    return re.sub(r"://([^:/@]+):[^@/]*@", r"://\1:***@", url)
+
+
 class SQLiteDatabase:
     """One SQLite file in WAL mode, autocommit outside explicit transactions."""
 
@@ -100,7 +105,7 @@ class PostgresDatabase:
     """A PostgreSQL database reached by URL (psycopg 3, the optional extra `infragent[postgres]`)."""
 
     def __init__(self, url: str, readonly: bool = False) -> None:
-        self.location = re.sub(r"://([^:/@]+):[^@/]*@", r"://\1:***@", url)  # no password in messages
+        self.location = without_password(url)
         try:
             import psycopg
         except ImportError:
