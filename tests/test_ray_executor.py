@@ -21,6 +21,7 @@ from infragent.agent.context import Budget
 from infragent.agent.core import optimize
 from infragent.agent.remote_trial import TrialJob, _spec_here, spec_files
 from infragent.agent.proposal import Proposal
+from infragent.agent.workspace import Workspace, WorkspaceError
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Executor, SpecError, load_spec
 from infragent.report.run_page import write_report
@@ -190,3 +191,35 @@ def test_bad_resources_and_executors_are_named(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "infragent.cli", "optimize", str(spec), "--executor", "slurm"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC)})
     assert done.returncode != 0 and "--executor slurm: choose local or ray" in done.stdout + done.stderr
+
+
+def test_a_patch_made_on_the_driver_applies_on_a_node_whose_code_came_without_the_repository(tmp_path: Path) -> None:
+    """The driver's pack sits at pack/ in a git repository; a node has only the shipped folder. The patch's
+    paths move to the node's root, equal files give equal trees, and a node with other code is told apart."""
+    repo = tmp_path / "repo"
+    (repo / "pack").mkdir(parents=True)
+    (repo / "pack" / "workload.py").write_text("def f():\n    return 1\n")
+    (repo / "pack" / "spec.toml").write_text("# spec\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "pack"], check=True)
+    driver = Workspace.create(repo / "pack", tmp_path / "driver-home", "proposal")
+    (driver.root / "workload.py").write_text("def f():\n    return 2\n")
+    patch = driver.diff()
+    assert "a/pack/workload.py" in patch and driver.code_prefix() == "pack"
+    node_code = tmp_path / "node" / "spec"
+    node_code.mkdir(parents=True)
+    for name, data in spec_files(repo / "pack" / "spec.toml").items():
+        (node_code / name).write_bytes(data)
+    node = Workspace.create(node_code, tmp_path / "node-home", "trial-0")
+    assert node.code_prefix() == "." and node.code_tree() == driver.code_tree()
+    node.apply(patch, driver.code_prefix())
+    assert (node.root / "workload.py").read_text() == "def f():\n    return 2\n"
+    (node_code / "workload.py").write_text("def f():\n    return 3\n")  # another node, other code
+    other = Workspace.create(node_code, tmp_path / "other-home", "trial-0")
+    assert other.code_tree() != driver.code_tree()
+    with pytest.raises(WorkspaceError, match="outside the code folder pack"):
+        other.apply(patch.replace("pack/workload.py", "elsewhere.py"), driver.code_prefix())
+    for ws in (driver, node, other):
+        ws.remove()

@@ -104,8 +104,11 @@ def run_trials(ctx: RunContext, target: LoopTarget, proposer: Proposer, hypothes
                         stopping = f"the {proposer.name} proposer gave no new change {failures} times in a row"
                     continue
                 candidate, hypothesis = proposed
+                ws = candidate.workspace
                 job = TrialJob(number, candidate.knobs, candidate.proposal, hypothesis, str(ctx.spec_path),
-                               spec_hash, shipped, _budget_left(ctx), ctx.seed, ctx.feedback, calibrations)
+                               spec_hash, shipped, _budget_left(ctx), ctx.seed, ctx.feedback, calibrations,
+                               ws.code_tree() if ws and candidate.proposal.patch else "",
+                               ws.code_prefix() if ws else ".")
                 flight = _launch(ray, runner, demand, candidate, hypothesis, result, job, 1, [], stack)
                 flights[flight.run_ref] = flight
             if not flights and stopping is None and _capacity(ray, demand) == 0:

@@ -48,6 +48,8 @@ class TrialJob:
     seed: int
     feedback: str
     calibrations: dict[str, dict[str, dict]] = field(default_factory=dict)  # node → key → its A/A records
+    code_tree: str = ""  # a patch's starting code, as the git id of the driver's code folder ("": no patch)
+    code_prefix: str = "."  # that folder's path in the driver's worktree, where the patch's paths start
 
     @property
     def key(self) -> str:
@@ -153,7 +155,11 @@ def _judge(ctx: RunContext, job: TrialJob, ledger: Ledger, run_id: int) -> tuple
         with target.session(ctx, ledger.experiment(run_id, "baseline", target.baseline_knobs)):
             with (target.workspace(ctx, job.number) if job.proposal.patch else contextlib.nullcontext()) as ws:
                 if ws is not None:
-                    ws.apply(job.proposal.patch)
+                    if ws.code_tree() != job.code_tree:  # the patch would change other code than it was made on
+                        return None, (f"the code on node {node_label()} differs from the driver's (tree "
+                                      f"{ws.code_tree()[:12]}, the driver's {job.code_tree[:12]}): give every node "
+                                      f"the checkout the driver has")
+                    ws.apply(job.proposal.patch, job.code_prefix)
                 candidate = Candidate(job.number, job.key, job.knobs, ws, job.proposal,
                                       ledger.experiment(run_id, job.key, job.knobs))
                 return target.judge(ctx, candidate, job.hypothesis), None

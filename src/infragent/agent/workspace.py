@@ -111,19 +111,40 @@ class Workspace:
         self._git(["commit", "-q", "--no-verify", "--allow-empty", "-m", message])
         return self._git(["rev-parse", "HEAD"]).strip()
 
-    def apply(self, patch: str) -> None:
-        """Apply a unified diff (paths relative to the worktree, a/ b/ prefixes) or raise with git's message."""
+    def apply(self, patch: str, code_prefix: str | None = None) -> None:
+        """Apply a unified diff (paths relative to the worktree, a/ b/ prefixes) or raise with git's message.
+        code_prefix: where the code folder sat in the tree the patch was made in, when that tree differs from
+        this one (a node whose code came without the driver's repository): paths are moved to this root."""
         if not patch.strip():
             raise WorkspaceError("the patch is empty: nothing to apply")
-        for target in _patch_paths(patch):
+        paths = _patch_paths(patch)
+        for target in paths:
             _confined(target)
+        moved: list[str] = []
+        if code_prefix is not None and code_prefix != self.code_prefix():
+            outside = [p for p in paths if code_prefix != "." and not p.startswith(code_prefix + "/")]
+            if outside:
+                raise WorkspaceError(f"the patch changes {outside[0]}, outside the code folder {code_prefix}, "
+                                     f"which {self.path} does not hold")
+            moved = [f"-p{1 + (0 if code_prefix == '.' else len(PurePosixPath(code_prefix).parts))}"]
+            if self.code_prefix() != ".":
+                moved.append(f"--directory={self.code_prefix()}")
         if not patch.endswith("\n"):
             patch += "\n"
         for check in (["--check"], []):
             try:
-                self._git(["apply", *check, "--whitespace=nowarn", "-"], stdin=patch)
+                self._git(["apply", *check, *moved, "--whitespace=nowarn", "-"], stdin=patch)
             except WorkspaceError as e:
                 raise WorkspaceError(f"the patch does not apply to {self.path}: {e}") from None
+
+    def code_prefix(self) -> str:
+        """The code folder's path in the worktree, as a patch names it ('.' for the top)."""
+        return self.root.relative_to(self.path).as_posix()
+
+    def code_tree(self) -> str:
+        """The git id of the code folder's content at the start: equal ids, equal files."""
+        prefix = self.code_prefix()
+        return self._git(["rev-parse", f"{self.start}^{{tree}}" if prefix == "." else f"{self.start}:{prefix}"]).strip()
 
     def diff(self) -> str:
         """The candidate patch: everything changed in the worktree since the start, new files included."""
