@@ -155,9 +155,10 @@ def _judge(ctx: RunContext, job: TrialJob, ledger: Ledger, run_id: int) -> tuple
         with target.session(ctx, ledger.experiment(run_id, "baseline", target.baseline_knobs)):
             with (target.workspace(ctx, job.number) if job.proposal.patch else contextlib.nullcontext()) as ws:
                 if ws is not None:
-                    if ws.code_tree() != job.code_tree:  # the patch would change other code than it was made on
+                    tree = ws.code_tree()
+                    if tree != job.code_tree:  # the patch would change other code than it was made on
                         return None, (f"the code on node {node_label()} differs from the driver's (tree "
-                                      f"{ws.code_tree()[:12]}, the driver's {job.code_tree[:12]}): give every node "
+                                      f"{tree[:12]}, the driver's {job.code_tree[:12]}): give every node "
                                       f"the checkout the driver has")
                     ws.apply(job.proposal.patch, job.code_prefix)
                 candidate = Candidate(job.number, job.key, job.knobs, ws, job.proposal,

@@ -108,8 +108,9 @@ class SearchProposer:
 
     def _told(self, number: int, result: dict[str, Any]) -> None:
         self._proposed.pop(number, None)
-        if result.get("status") == "measured" and math.isfinite(ranking(result)):
-            self.tell_objective(number, ranking(result), result["feasible"])
+        value = ranking(result) if result.get("status") == "measured" else -math.inf
+        if math.isfinite(value):
+            self.tell_objective(number, value, result["feasible"])
         else:
             self.reject(number)
 

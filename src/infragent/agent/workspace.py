@@ -120,15 +120,17 @@ class Workspace:
         paths = _patch_paths(patch)
         for target in paths:
             _confined(target)
-        moved: list[str] = []
-        if code_prefix is not None and code_prefix != self.code_prefix():
-            outside = [p for p in paths if code_prefix != "." and not p.startswith(code_prefix + "/")]
-            if outside:
-                raise WorkspaceError(f"the patch changes {outside[0]}, outside the code folder {code_prefix}, "
-                                     f"which {self.path} does not hold")
-            moved = [f"-p{1 + (0 if code_prefix == '.' else len(PurePosixPath(code_prefix).parts))}"]
-            if self.code_prefix() != ".":
-                moved.append(f"--directory={self.code_prefix()}")
+        moved: list[str] = []  # git apply's options that move the paths from the patch's root to ours
+        here = self.code_prefix()
+        if code_prefix is not None and code_prefix != here:
+            if code_prefix != ".":
+                outside = next((p for p in paths if not p.startswith(code_prefix + "/")), None)
+                if outside is not None:
+                    raise WorkspaceError(f"the patch changes {outside}, outside the code folder {code_prefix}, "
+                                         f"which {self.path} does not hold")
+            moved.append(f"-p{1 + len(PurePosixPath(code_prefix).parts)}")  # '.' has no parts
+            if here != ".":
+                moved.append(f"--directory={here}")
         if not patch.endswith("\n"):
             patch += "\n"
         for check in (["--check"], []):
