@@ -1,6 +1,7 @@
 """Engine throughput benchmark: infragent (weights fp32; as the file's gguf blocks with fp32 activations or
 activations as two or one int8 digits (gguf-a16, gguf-a8), each also held to AVX2; int8) vs transformers vs
-llama.cpp on SmolLM2-135M, plus the roofline.
+llama.cpp on SmolLM2-135M, plus the roofline and, per infragent engine, the floor under its peak memory. An
+infragent engine's name may carry its KV cache's dtype (infragent-gguf-a16-kv-int8; default: the model's fp32).
 
 Each engine runs in its own fresh subprocess per round (rounds interleave engines), so peak RSS is
 per engine. Usage:
@@ -31,6 +32,7 @@ ENGINES = ("infragent", "infragent-gguf", "infragent-gguf-avx2", "infragent-gguf
            "infragent-gguf-a8", "infragent-gguf-a8-avx2", "infragent-int8", "transformers", "transformers-avx2",
            "llamacpp")  # -avx2: the process held to AVX2 (kernels, ATen, MKL, oneDNN), as on an AVX2-only CPU
 IMPORT_NAME = {"transformers": "transformers", "llamacpp": "llama_cpp"}  # the rest: infragent
+KV_DTYPES = ("fp32", "bf16", "fp8", "int8")  # infragent-gguf-a16-kv-int8[-avx2]: the KV cache in int8
 CONCURRENCY = {"c1": 1, "c8": 8, "c32": 32}
 
 
@@ -67,6 +69,14 @@ def environment(threads: int) -> dict:
             "cpu_model": cpu, "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
             "git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
             "versions": versions, "loadavg_start": os.getloadavg()}
+
+
+def base_engine(name: str) -> str:
+    """The engine a name runs, without its KV dtype (infragent-gguf-kv-bf16-avx2 -> infragent-gguf-avx2); a
+    name whose KV part is not a KV dtype, or is not an infragent engine's, stays as it is (and is refused)."""
+    stem, avx2 = (name.removesuffix("-avx2"), "-avx2") if name.endswith("-avx2") else (name, "")
+    engine, _, kv = stem.partition("-kv-")
+    return engine + avx2 if kv in KV_DTYPES and engine.startswith("infragent") else name
 
 
 def available(engine: str) -> bool:
@@ -119,8 +129,9 @@ def main() -> None:
     prompt_len, max_tokens, prefill_len = (32, 16, 128) if args.quick else (128, 128, 512)
     engines, skipped = [], {}
     for name in [e.strip() for e in args.engines.split(",") if e.strip()]:
-        if name not in ENGINES:
-            sys.exit(f"--engines: unknown engine {name!r}; choose from {', '.join(ENGINES)}")
+        if base_engine(name) not in ENGINES:
+            sys.exit(f"--engines: unknown engine {name!r}; choose from {', '.join(ENGINES)}, an infragent one "
+                     f"optionally with -kv-{'/'.join(KV_DTYPES)} before any -avx2 (its KV cache in that dtype)")
         if available(name):
             engines.append(name)
         else:

@@ -24,19 +24,33 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_infragent(spec: dict, weight_format: str = "fp32") -> dict:
-    """Time infragent's LLM.generate on every workload, its weights held in weight_format."""
+def _resident_bytes() -> dict[str, int]:
+    """What is resident now, by kind (/proc/self/status): RssAnon (heap, torch's relocated libraries), RssFile
+    (mapped files: libraries, the model file) and RssShmem (the KV cache, shared so that KV transfer can map it)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def run_infragent(spec: dict, weight_format: str = "fp32", kv_cache_dtype: str = "auto") -> dict:
+    """Time infragent's LLM.generate on every workload, its weights held in weight_format, its KV cache in
+    kv_cache_dtype."""
+    import torch  # noqa: F401  (the floor below: what Python and torch hold before the engine exists)
+
+    floor = _resident_bytes()
     from infragent.engine.llm import LLM
     from infragent.engine.sampling import SamplingParams
 
     start = time.perf_counter()
     llm = LLM(model="llama", max_num_seqs=32, max_num_batched_tokens=512, num_threads=spec["threads"],
-              weight_format=weight_format)
+              weight_format=weight_format, kv_cache_dtype=kv_cache_dtype)
     result: dict = {"load_s": time.perf_counter() - start, "weight_nbytes": llm.engine.model.nbytes(),
-                    "weight_format": weight_format}
+                    "weight_format": weight_format, "kv_cache_dtype": kv_cache_dtype, "resident_torch": floor,
+                    "kv_nbytes_per_token": llm.engine.kv_cache.nbytes_per_token()}
     if weight_format != "fp32":
-        import torch
-
         kernels = torch.ops.infragent.qa8_isa() if weight_format in ("gguf-a16", "gguf-a8") else \
             torch.ops.infragent.qgemm_isa()
         result["isa"] = kernels if llm.engine.model.block_kernels else "torch"
@@ -61,7 +75,7 @@ def run_infragent(spec: dict, weight_format: str = "fp32") -> dict:
     outs = llm.generate([spec["prefill_prompt"]], SamplingParams(max_tokens=1, ignore_eos=True))
     samples["prefill"] = len(spec["prefill_prompt"]) / outs[0].ttft_s
     peaks["prefill"] = _peak_rss_bytes()
-    result.update(samples=samples, num_cached_tokens=cached, peak_rss_after=peaks)
+    result.update(samples=samples, num_cached_tokens=cached, peak_rss_after=peaks, resident_end=_resident_bytes())
     return result
 
 
@@ -152,10 +166,10 @@ def run_llamacpp(spec: dict) -> dict:
     return result
 
 
-RUNNERS = {"infragent": run_infragent, "infragent-gguf": lambda spec: run_infragent(spec, "gguf"),
-           "infragent-gguf-a16": lambda spec: run_infragent(spec, "gguf-a16"),
-           "infragent-gguf-a8": lambda spec: run_infragent(spec, "gguf-a8"),
-           "infragent-int8": lambda spec: run_infragent(spec, "int8"),
+RUNNERS = {"infragent": run_infragent, "infragent-gguf": lambda spec, **kv: run_infragent(spec, "gguf", **kv),
+           "infragent-gguf-a16": lambda spec, **kv: run_infragent(spec, "gguf-a16", **kv),
+           "infragent-gguf-a8": lambda spec, **kv: run_infragent(spec, "gguf-a8", **kv),
+           "infragent-int8": lambda spec, **kv: run_infragent(spec, "int8", **kv),
            "transformers": run_transformers, "llamacpp": run_llamacpp}
 
 
@@ -166,9 +180,10 @@ def main() -> None:
     if engine.endswith("-avx2"):  # the same engine as on an AVX2-only machine (run on an AVX-512 one)
         os.environ.update(AVX2_ONLY)
         engine = engine.removesuffix("-avx2")
+    engine, _, kv = engine.partition("-kv-")  # infragent-...-kv-bf16: the KV cache in another dtype
     os.environ.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
     try:
-        result = RUNNERS[engine](spec)
+        result = RUNNERS[engine](spec) if not kv else RUNNERS[engine](spec, kv_cache_dtype=kv)
     except Exception as err:  # reported, not raised: the parent prints it and carries on
         result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
     result.update(engine=engine, peak_rss_bytes=_peak_rss_bytes())

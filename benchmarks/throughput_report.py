@@ -50,8 +50,28 @@ def summarize(rounds: list[dict], engines: list[str], config: dict) -> dict:
             summary["roofline"][ours] = {"weight_nbytes": nbytes, "tok_s": asdict(bootstrap_median(roofline)),
                                          "fraction": asdict(ratio_summary(decode, roofline))}
     summary["greedy_agreement_c1"] = agreement(rounds, engines)
+    summary["memory"] = memory_floor(rounds, engines, config)
     summary["targets"] = targets(summary)
     return summary
+
+
+def memory_floor(rounds: list[dict], engines: list[str], config: dict) -> dict[str, dict]:
+    """Per infragent engine, what its whole-run peak cannot go below (medians over rounds, bytes): what Python and
+    torch hold before the engine exists, plus the weights, plus the KV cache of c=32's requests at full length;
+    next to the measured peak and what was resident at the end, by kind."""
+    out = {}
+    for engine in variants(engines):
+        done = [r["engines"][engine] for r in rounds if "resident_torch" in r["engines"].get(engine, {})]
+        if not done:
+            continue
+        tokens = config["concurrency"]["c32"] * (config["prompt_len"] + config["max_tokens"])
+        torch_rss = sorted(d["resident_torch"]["VmRSS"] for d in done)[len(done) // 2]
+        weights, per_token = done[0]["weight_nbytes"], done[0]["kv_nbytes_per_token"]
+        out[engine] = {"torch": torch_rss, "weights": weights, "kv_c32": per_token * tokens,
+                       "floor": torch_rss + weights + per_token * tokens, "kv_cache_dtype": done[0]["kv_cache_dtype"],
+                       "peak": sorted(d["peak_rss_bytes"] for d in done)[len(done) // 2],
+                       "resident_end": done[len(done) // 2].get("resident_end", {})}
+    return out
 
 
 def agreement(rounds: list[dict], engines: list[str]) -> dict[str, list[int]]:
@@ -94,8 +114,11 @@ def targets(summary: dict) -> list[dict]:
                  (f"prefill {fmt} not slower than fp32", ratios.get(f"{ours}/infragent", {}).get("prefill"), 1.0, True),
                  (f"prefill {fmt} (AVX2) not slower than fp32",
                   ratios.get(f"{ours}-avx2/infragent", {}).get("prefill"), 1.0, True)]
-        for key, what in (("rss_c1", "load, warm-up and c=1"), ("rss", "the whole run, c=32's KV included")):
-            rss = table.get(ours, {}).get(key)
+        runs = [(ours, "rss_c1", "load, warm-up and c=1"), (ours, "rss", "the whole run, c=32's KV included")]
+        runs += [(e, "rss", f"the whole run, KV in {e.partition('-kv-')[2]}") for e in table
+                 if e.startswith(f"{ours}-kv-")]
+        for engine, key, what in runs:
+            rss = table.get(engine, {}).get(key)
             gb = {**rss, "center": _center(rss) / 1e9, "lo": rss["lo"] / 1e9, "hi": rss["hi"] / 1e9} if rss else None
             rows.append((f"{fmt} peak RSS ({what}) <= 0.6 GB", gb, 0.6, False))
     out = []
@@ -149,6 +172,10 @@ def format_report(summary: dict, config: dict, env: dict) -> str:
     for engine, roof in summary["roofline"].items():
         lines.append(f"{engine}: batch-1 roofline = GEMV bandwidth / {roof['weight_nbytes'] / 1e6:.1f} MB of weights "
                      f"per token = {_cell(roof['tok_s'])} tok/s; measured {_cell(roof['fraction'], 100, 0)} % of it")
+    for engine, m in summary.get("memory", {}).items():
+        mb = {k: m[k] / 1e6 for k in ("torch", "weights", "kv_c32", "floor", "peak")}
+        lines.append(f"{engine} memory floor: Python + torch {mb['torch']:.0f} MB + weights {mb['weights']:.0f} MB + "
+                     f"c=32's KV ({m['kv_cache_dtype']}) {mb['kv_c32']:.0f} MB = {mb['floor']:.0f} MB; peak {mb['peak']:.0f} MB")
     for other, same in summary["greedy_agreement_c1"].items():
         lines.append(f"greedy c=1 tokens identical to infragent before first divergence ({other}): "
                      f"{same} of {config['max_tokens']} per round")

@@ -48,3 +48,31 @@ def test_an_avx2_only_run_is_judged_against_transformers_held_to_avx2_too() -> N
     verdict, measured = verdicts["c=32 gguf-a16 (AVX2) >= 2x transformers (AVX2)"]
     assert verdict == "PASS" and measured.startswith("2.2"), measured  # 330 / 150, not 330 / 170
     assert verdicts["batch-1 decode gguf-a16 >= 1.3x llama.cpp"][0] == "n/a"  # neither side ran
+
+
+def test_a_kv_dtype_variant_gets_its_own_whole_run_memory_row_and_a_floor() -> None:
+    engines = {"infragent-gguf-a16": {"c1": 160, "c8": 400, "c32": 520, "prefill": 1200},
+               "infragent-gguf-a16-kv-int8": {"c1": 150, "c8": 380, "c32": 500, "prefill": 1150}}
+    rounds = [_round(i, engines) for i in range(ROUNDS)]
+    for i, record in enumerate(rounds):
+        for name, kv, per_token, peak in (("infragent-gguf-a16", "auto", 46080, 9.5e8 + i),
+                                          ("infragent-gguf-a16-kv-int8", "int8", 11520 + 360, 5.1e8 + i)):
+            record["engines"][name].update(resident_torch={"VmRSS": 218e6}, weight_nbytes=92e6, peak_rss_bytes=peak,
+                                           kv_nbytes_per_token=per_token, kv_cache_dtype=kv)
+    config = {"concurrency": {"c32": 32}, "prompt_len": 128, "max_tokens": 128}
+    summary = summarize(rounds, list(engines), config)
+    verdicts = {t["target"]: t["verdict"] for t in summary["targets"]}
+    assert verdicts["gguf-a16 peak RSS (the whole run, c=32's KV included) <= 0.6 GB"] == "FAIL"
+    assert verdicts["gguf-a16 peak RSS (the whole run, KV in int8) <= 0.6 GB"] == "PASS"
+    floor = summary["memory"]["infragent-gguf-a16"]
+    assert floor["kv_c32"] == 46080 * 32 * 256 and floor["floor"] == 218e6 + 92e6 + 46080 * 32 * 256  # 687 MB
+    assert summary["memory"]["infragent-gguf-a16-kv-int8"]["floor"] < 0.6e9
+
+
+def test_engine_names_carry_a_kv_dtype_before_the_avx2_mark() -> None:
+    from engine_throughput import base_engine
+
+    assert base_engine("infragent-gguf-a16-kv-int8") == "infragent-gguf-a16"
+    assert base_engine("infragent-gguf-kv-bf16-avx2") == "infragent-gguf-avx2"
+    assert base_engine("infragent-gguf-kv-int4") == "infragent-gguf-kv-int4"  # not a KV dtype: refused by name
+    assert base_engine("transformers-kv-int8") == "transformers-kv-int8"  # only infragent has the knob

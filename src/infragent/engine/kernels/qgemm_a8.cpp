@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 #include <immintrin.h>
 
@@ -58,6 +59,7 @@ struct Acts {
   int64_t m, k, nb;
   const int8_t* xq;
   const int8_t* xq2;  // null with one digit
+  const int16_t* xj;  // the two digits joined, 128 q1 + q2 (AVX2's wide path), or null
   const float* xd;
   const float* xs;
   const int32_t* xqs;
@@ -272,6 +274,18 @@ inline __m256i block_sum_joined(const __m256i* w16, const int8_t* xb, const int8
   return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
 }
 
+// Rows a0.. of y for half h of group g (8 weight rows per vector), times the rows' scales where the weight has them.
+template <int A>
+void store_half(const Packed& w, const __m256* acc, int64_t g, int h, int64_t a0, float* y) {
+  const int64_t row0 = g * kGroup + 8 * h;
+  for (int a = 0; a < A; ++a) {
+    float out[8];
+    _mm256_storeu_ps(out, acc[a]);
+    for (int r = 0; r < 8 && row0 + r < w.n; ++r)
+      y[(a0 + a) * w.n + row0 + r] = out[r] * (w.row_scale != nullptr ? w.row_scale[row0 + r] : 1.0f);
+  }
+}
+
 // As vnni::group_tile with 8 rows per vector: the group's two halves in turn.
 template <int Kind, int A, int Digits>
 void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
@@ -316,13 +330,70 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
         if (Kind == kQ4) acc[a] = _mm256_fmadd_ps(wm, _mm256_set1_ps(x.xs[row * x.nb + b]), acc[a]);
       }
     }
-    const int64_t row0 = g * kGroup + 8 * h;
-    for (int a = 0; a < A; ++a) {
-      float out[8];
-      _mm256_storeu_ps(out, acc[a]);
-      for (int r = 0; r < 8 && row0 + r < w.n; ++r)
-        y[(a0 + a) * w.n + row0 + r] = out[r] * (w.row_scale != nullptr ? w.row_scale[row0 + r] : 1.0f);
+    store_half<A>(w, acc, g, h, a0, y);
+  }
+}
+
+// The wide two-digit path of Q8_0 (from kWideRows rows of x): a group half's weights are widened to int16 once
+// per call, vector v of block b at w16[16 b + 2 v] (rows 0-3) and [16 b + 2 v + 1] (rows 4-7), and the digits
+// come joined (xj, once per row), so the inner loop is one broadcast per four activations and, per row and
+// vector of weights, vpmaddwd + vpaddd: no unpacking or digit work repeated per tile of rows. (Q4_1 measured
+// slower this way: one maddubs already multiplies 32 nibbles by a digit.)
+void widen_half(const Packed& w, int64_t g, int h, __m256i* w16) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const uint8_t* unit = w.block(g, b) + 32 * h;
+    __m256i* out = w16 + 16 * b;
+    for (int v = 0; v < 8; ++v) {
+      const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 * v)), flip);
+      _mm256_store_si256(out + 2 * v, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv)));
+      _mm256_store_si256(out + 2 * v + 1, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv, 1)));
     }
+  }
+}
+
+template <int A>
+void wide_tile(const Packed& w, const Acts& x, const __m256i* w16, int64_t g, int h, int64_t a0, float* y) {
+  __m256 acc[A];
+  for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_ps();
+  const int16_t* xrow[A];
+  for (int a = 0; a < A; ++a) xrow[a] = x.xj + (a0 + a) * x.k;
+  for (int64_t b = 0; b < w.nb; ++b) {
+    const __m256i* wb = w16 + 16 * b;
+    __m256i lo[A], hi[A];
+    for (int a = 0; a < A; ++a) lo[a] = hi[a] = _mm256_setzero_si256();
+    for (int v = 0; v < 8; ++v) {
+      const __m256i wl = _mm256_load_si256(wb + 2 * v), wh = _mm256_load_si256(wb + 2 * v + 1);
+      for (int a = 0; a < A; ++a) {
+        int64_t four;
+        std::memcpy(&four, xrow[a] + b * 32 + 4 * v, 8);  // Q8_0's vector v: elements 4v..4v+3
+        const __m256i xv = _mm256_set1_epi64x(four);
+        lo[a] = _mm256_add_epi32(lo[a], _mm256_madd_epi16(wl, xv));
+        hi[a] = _mm256_add_epi32(hi[a], _mm256_madd_epi16(wh, xv));
+      }
+    }
+    const int64_t at = (g * w.nb + b) * 16 + 8 * h;
+    const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + at)));
+    for (int a = 0; a < A; ++a) {  // hadd leaves rows [0 1 4 5 | 2 3 6 7]; the permute restores their order
+      const __m256i s = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[a], hi[a]), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+      const int64_t i = (a0 + a) * x.nb + b;
+      acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wd, _mm256_set1_ps(x.xd[i])), acc[a]);
+    }
+  }
+  store_half<A>(w, acc, g, h, a0, y);
+}
+
+void wide_group(const Packed& w, const Acts& x, int64_t g, float* y) {
+  static thread_local std::vector<int16_t> scratch;  // 16 vectors of 16 int16 per block, 32-byte aligned
+  scratch.resize(256 * w.nb + 16);
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t{31};
+  __m256i* w16 = reinterpret_cast<__m256i*>(start);
+  constexpr int kRows = 4;
+  for (int h = 0; h < 2; ++h) {
+    widen_half(w, g, h, w16);
+    int64_t a = 0;
+    for (; a + kRows <= x.m; a += kRows) wide_tile<kRows>(w, x, w16, g, h, a, y);
+    for (; a < x.m; ++a) wide_tile<1>(w, x, w16, g, h, a, y);
   }
 }
 
@@ -392,9 +463,17 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int8_t* xq, int8_t* xq2
 
 // Rows of x per tile: each group's weights are unpacked once per block and used for this many rows.
 constexpr int kTile = 4;
+// From this many rows of x, AVX2's two-digit Q8_0 products widen each group's weights once and join the digits.
+constexpr int64_t kWideRows = 4;
+
+void join_digits(const int8_t* q1, const int8_t* q2, int64_t count, int16_t* joined) {
+  for (int64_t i = 0; i < count; ++i) joined[i] = static_cast<int16_t>(128 * q1[i] + q2[i]);
+}
 
 template <int Kind, int Digits>
 void run_group(Path p, const Packed& w, const Acts& x, int64_t g, float* y) {
+  if constexpr (Kind == kQ8 && Digits == 2)
+    if (p == Path::Avx2 && x.xj != nullptr) return avx2::wide_group(w, x, g, y);
   int64_t a = 0;
   for (; a + kTile <= x.m; a += kTile) {
     if (p == Path::Vnni) vnni::group_tile<Kind, kTile, Digits>(w, x, g, a, y);
@@ -442,16 +521,19 @@ at::Tensor qlinear_a8(const at::Tensor& x, const at::Tensor& packed, const at::T
   if (rows == 0) return y;
   const Path p = path();
   // one scratch allocation for the quantized activations (five made a batch-1 call ~2 us slower): per row and
-  // block xd, xs (fp32) and xqs (int32), then the digits (int8)
+  // block xd, xs (fp32) and xqs (int32), then the digits (int8), then on AVX2's wide path the digits joined
+  const bool wide = p == Path::Avx2 && kind == kQ8 && digits == 2 && rows >= kWideRows;
   const int64_t per_block = rows * w.nb;
-  auto scratch = at::empty({per_block * 12 + rows * w.k * digits}, x.options().dtype(at::kByte));
+  auto scratch = at::empty({per_block * 12 + rows * w.k * (digits + (wide ? 2 : 0))}, x.options().dtype(at::kByte));
   float* xd = reinterpret_cast<float*>(scratch.data_ptr<uint8_t>());
   float* xs = xd + per_block;
   int32_t* xqs = reinterpret_cast<int32_t*>(xs + per_block);
   int8_t* xq = reinterpret_cast<int8_t*>(xqs + per_block);
   int8_t* second = digits == 2 ? xq + rows * w.k : nullptr;
   quantize_rows(x.data_ptr<float>(), rows, w.k, xq, second, xd, xs, xqs, p);
-  const Acts acts{rows, w.k, w.nb, xq, second, xd, xs, xqs};
+  int16_t* joined = wide ? reinterpret_cast<int16_t*>(second + rows * w.k) : nullptr;
+  if (wide) join_digits(xq, second, rows * w.k, joined);
+  const Acts acts{rows, w.k, w.nb, xq, second, joined, xd, xs, xqs};
   float* yp = y.data_ptr<float>();
   // a task is at least ~32k multiply-adds per row of x: smaller products are not worth a second thread
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / (kGroup * w.k * std::min<int64_t>(rows, 8)));
