@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from infragent.engine.config import ConfigError, EngineConfig
-from infragent.engine.kernels import build
 from infragent.engine.quant.blocks import KIND_CODES, BlockLinear
 from infragent.engine.quant.blocks_a8 import DIGITS, BlockLinearA8, quantize_activations, reference_a8
-from test_weight_format import SHAPES, isas, random_weight
+from test_weight_format import SHAPES, isas, needs_kernels, random_weight
 
-needs_kernels = pytest.mark.skipif(not build.available(), reason="the native kernels did not build here")
+pytestmark = pytest.mark.usefixtures("kernels_built")  # a compile error fails these tests (conftest)
 A8_PATHS = {"avx512": ("avx512-vnni", "avx2"), "avx2": ("avx2",), "generic": ("generic",)}  # VNNI or not
 
 

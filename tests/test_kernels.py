@@ -7,6 +7,8 @@ import torch
 from infragent.engine.kernels.build import load, use_native_kernels
 from infragent.engine.config import ConfigError
 from infragent.engine.models.layers import Rotary, decode_attention
+from infragent.engine.quant.formats import FORMATS
+from infragent.engine.quant.kv_quant import write_scaled
 
 # Without a compiler they cannot build (the engine then runs torch ops: the failed-build test at the end
 # simulates that); with one, they must build, and a compile error fails every test here.
@@ -65,6 +67,51 @@ def test_bf16_cache_is_written_and_read_as_torch_rounds_it():
     expected = torch.ops.infragent.paged_decode_attention(q, k16.float(), v16.float(), table, lens)
     out = torch.ops.infragent.paged_decode_attention(q, k16, v16, table, lens)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6, equal_nan=True)  # the NaN reaches both alike
+
+
+def test_scaled_kv_write_stores_the_integers_and_scales_of_write_scaled():
+    """A prefill over several blocks, decode rows that grow a block's scale, a block started afresh from
+    offset 0 and an all-zero head: the native int8 write equals the torch reference bit for bit."""
+    fmt = FORMATS["int8"]
+    gen = torch.Generator().manual_seed(4)
+    kv_heads, block_size, dim = 3, 16, 64
+    native = (torch.zeros(6, kv_heads, block_size, dim, dtype=torch.int8), torch.zeros(6, kv_heads))
+    reference = (native[0].clone(), native[1].clone())
+    steps = [(torch.tensor([2] * 16 + [5] * 7), torch.cat([torch.arange(16), torch.arange(7)]), 1.0)]
+    steps += [(torch.tensor([5]), torch.tensor([7 + i]), 1.0 + i) for i in range(6)]  # growing: re-encodes
+    steps += [(torch.tensor([2, 5]), torch.tensor([0, 13]), 0.3)]  # block 2 afresh, block 5 one more row
+    for blocks, offsets, size in steps:
+        rows = torch.randn(len(blocks), kv_heads, dim, generator=gen) * size
+        rows[:, 1] = 0.0 if size == 0.3 else rows[:, 1]  # a head of zeros: its scale stays 1 in a fresh block
+        torch.ops.infragent.scaled_kv_write_(*native, blocks, offsets, rows)
+        write_scaled(*reference, blocks, offsets, rows, fmt)
+        assert torch.equal(native[0], reference[0]) and torch.equal(native[1], reference[1])
+    assert float(native[1][2, 1]) == 1.0 and int(native[0].abs().max()) == 127
+
+
+def test_int8_paged_decode_attention_applies_the_block_scales():
+    fmt = FORMATS["int8"]
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, dim, block_size, num_blocks = 9, 3, 64, 16, 12
+    caches = [(torch.zeros(num_blocks, kv_heads, block_size, dim, dtype=torch.int8), torch.zeros(num_blocks, kv_heads))
+              for _ in range(2)]
+    blocks = torch.arange(num_blocks).repeat_interleave(block_size)
+    offsets = torch.arange(block_size).repeat(num_blocks)
+    for data, scale in caches:  # each block its own magnitude, so a wrong scale shows
+        rows = torch.randn(len(blocks), kv_heads, dim, generator=gen) * torch.rand(len(blocks), 1, 1, generator=gen) * 4
+        write_scaled(data, scale, blocks, offsets, rows, fmt)
+    (k8, ks), (v8, vs) = caches
+    lens = torch.tensor([1, 17, 40, 3 * block_size])
+    table = torch.randperm(num_blocks, generator=gen)[:12].view(4, 3)
+    q = torch.randn(4, heads, dim, generator=gen) * dim ** -0.5
+    out = torch.ops.infragent.paged_decode_attention(q, k8, v8, table, lens, ks, vs)
+    k32, v32 = k8.float() * ks[:, :, None, None], v8.float() * vs[:, :, None, None]
+    pad = torch.arange(3 * block_size) >= lens.unsqueeze(1)
+    mask = torch.zeros(pad.shape).masked_fill_(pad, float("-inf"))
+    gathered = [c[table.flatten()].view(4, 3, *c.shape[1:]) for c in (k32, v32)]
+    torch.testing.assert_close(out, decode_attention(q, *gathered, mask), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="needs k_scale and v_scale"):
+        torch.ops.infragent.paged_decode_attention(q, k8, v8, table, lens)
 
 
 def test_paged_decode_attention_reads_strided_queries_and_one_region_per_row():
@@ -150,7 +197,7 @@ def test_kernels_knob():
         EngineConfig(kernels="flash")
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16", "int8"])
 def test_hybrid_engine_native_and_torch_backends_agree(kv_cache_dtype):
     """Greedy tokens agree across the two backends (batched prompts of mixed lengths, 12 decode steps)."""
     from infragent.engine.llm import LLM
@@ -160,7 +207,7 @@ def test_hybrid_engine_native_and_torch_backends_agree(kv_cache_dtype):
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     native = LLM(model="hybrid", kernels="native", kv_cache_dtype=kv_cache_dtype)
     torch_ops = LLM(model="hybrid", kernels="torch", kv_cache_dtype=kv_cache_dtype)
-    assert native.engine.kv_cache.native(0) and not torch_ops.engine.kv_cache.native(0)
+    assert native.engine.kv_cache.native_attention(0) and not torch_ops.engine.kv_cache.native_attention(0)
     assert [o.token_ids for o in native.generate(prompts, params)] == \
         [o.token_ids for o in torch_ops.generate(prompts, params)]
 

@@ -72,10 +72,16 @@ class KVCache:
         self.stage_transfer(layer, k, v, inputs)
 
     def native(self, layer: int) -> bool:
-        """Whether this layer's writes and decode attention run the native kernels (the model's dtype or bf16
-        storage; scaled int8/fp8 layers keep the torch path)."""
+        """Whether this layer's rope-and-write runs the native kernel (the model's dtype or bf16 storage; a
+        scaled layer rotates in torch, then fill() stores int8 natively)."""
         fmt = self.formats[layer]
         return self.kernels and (fmt is None or fmt.dtype == torch.bfloat16)
+
+    def native_attention(self, layer: int) -> bool:
+        """Whether this layer's decode attention runs the native kernel: as native(), and int8 layers too (the
+        kernel applies their scales); fp8 layers keep the torch path."""
+        fmt = self.formats[layer]
+        return self.native(layer) or (self.kernels and fmt is not None and fmt.dtype == torch.int8)
 
     def rope_and_write(self, layer: int, qkv: torch.Tensor, num_heads: int,
                        inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -100,7 +106,10 @@ class KVCache:
              offsets: torch.Tensor) -> None:
         """Store K/V rows [T, kv_heads, head_dim] at (block, offset) slots in the layer's format."""
         fmt = self.formats[layer]
-        if fmt is not None and fmt.scaled:
+        if fmt is not None and fmt.dtype == torch.int8 and self.kernels:  # write_scaled's integers, natively
+            torch.ops.infragent.scaled_kv_write_(self.k[layer], self.k_scale[layer], blocks, offsets, k.float())
+            torch.ops.infragent.scaled_kv_write_(self.v[layer], self.v_scale[layer], blocks, offsets, v.float())
+        elif fmt is not None and fmt.scaled:
             write_scaled(self.k[layer], self.k_scale[layer], blocks, offsets, k, fmt)
             write_scaled(self.v[layer], self.v_scale[layer], blocks, offsets, v, fmt)
         else:
@@ -161,7 +170,8 @@ class KVCache:
         batch = inputs.num_decodes
         table = inputs.decode_blocks.view(batch, -1) if self.layout == "paged" else inputs.decode_regions.view(batch, 1)
         with span("paged_attention", layer=layer, blocks=table.numel()):
-            return torch.ops.infragent.paged_decode_attention(q, k, v, table, inputs.decode_context_lens)
+            return torch.ops.infragent.paged_decode_attention(q, k, v, table, inputs.decode_context_lens,
+                                                              self.k_scale[layer], self.v_scale[layer])
 
     def _gather(self, which: int, source: torch.Tensor, scale: torch.Tensor | None,
                 index: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,12 @@
-// Decode-time attention kernels for the paged KV cache (fp32 math; the cache in fp32 or bf16), registered
-// as torch.ops.infragent.*.
+// Decode-time attention kernels for the paged KV cache (fp32 math; the cache in fp32, bf16, or int8 with one
+// scale per block and kv head), registered as torch.ops.infragent.*.
 //
 // rope_and_cache_: rotate the q and k heads of a step's fused qkv rows in place (NeoX rotate-half) and
 //   write each row's k and v heads into its cache slot (block, offset).
 // paged_decode_attention: one query row per sequence attends over its own blocks, read in place from
 //   the cache (no gather), with the exact context length (no padding mask). GQA: query head h reads
-//   kv head h / (heads / kv_heads).
+//   kv head h / (heads / kv_heads). An int8 cache comes with its scales: a block's scores are its integer
+//   dot products times the key scale, and its values weigh in times the value scale.
 // Work splits over (sequence, kv head) pairs with at::parallel_for, torch's own thread pool.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -15,9 +16,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "vec.h"
+#include "slots.h"
 
 namespace {
 
@@ -79,14 +83,9 @@ void rope_and_cache_(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
               sin.is_contiguous() && cos.numel() == tokens * dim && sin.numel() == tokens * dim,
               "cos and sin must be contiguous fp32 with head_dim values per token");
-  TORCH_CHECK(slot_blocks.scalar_type() == at::kLong && slot_offsets.scalar_type() == at::kLong &&
-              slot_blocks.is_contiguous() && slot_offsets.is_contiguous() && slot_blocks.numel() == tokens &&
-              slot_offsets.numel() == tokens, "slot_blocks and slot_offsets must be contiguous int64 [tokens]");
+  check_slots(slot_blocks, slot_offsets, tokens, num_blocks, block_size);
   const int64_t* blocks = slot_blocks.data_ptr<int64_t>();
   const int64_t* offsets = slot_offsets.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(blocks[t] >= 0 && blocks[t] < num_blocks && offsets[t] >= 0 && offsets[t] < block_size,
-                "slot (", blocks[t], ", ", offsets[t], ") of token row ", t, " is outside the cache");
   if (k_cache.scalar_type() == at::kFloat)
     rope_and_store(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), elements<float>(k_cache),
                    elements<float>(v_cache), blocks, offsets, num_heads, kv_heads, block_size, dim);
@@ -100,6 +99,14 @@ struct Cache {
   const T* k;
   const T* v;
   int64_t kv_heads, block_size;
+  const float* k_scale = nullptr;  // int8: [blocks, kv_heads]
+  const float* v_scale = nullptr;
+  static constexpr bool kScaled = std::is_same_v<T, int8_t>;
+
+  // The scale of the block holding row `first` of kv head h (int8), for keys (which = 0) or values.
+  float scale(const int64_t* blocks, int64_t first, int64_t h, int which) const {
+    return (which == 0 ? k_scale : v_scale)[blocks[first / block_size] * kv_heads + h];
+  }
 
   // Rows [first, first + block_size) of kv head h of a sequence whose block table is blocks, as
   // [block_size, head_dim]: one contiguous run.
@@ -125,24 +132,26 @@ void attend_kv_head(const float* query, float* output, const Cache<T>& cache, co
       for (int c = 0; c < C; ++c) q[g][c] = load16(query + g * dim + c * 16);
     for (int64_t first = 0; first < len; first += bs) {
       const T* keys = cache.keys(blocks, first, h, dim);
+      const float ks = Cache<T>::kScaled ? cache.scale(blocks, first, h, 0) : 1.0f;
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         vec16 key[C];
         for (int c = 0; c < C; ++c) key[c] = load16(keys + t * dim + c * 16);
         for (int g = 0; g < G; ++g) {
           vec16 acc = q[g][0] * key[0];
           for (int c = 1; c < C; ++c) acc += q[g][c] * key[c];
-          scores[g * len + first + t] = hsum(acc);
+          scores[g * len + first + t] = Cache<T>::kScaled ? hsum(acc) * ks : hsum(acc);
         }
       }
     }
   } else {
     for (int64_t first = 0; first < len; first += bs) {
       const T* keys = cache.keys(blocks, first, h, dim);
+      const float ks = Cache<T>::kScaled ? cache.scale(blocks, first, h, 0) : 1.0f;
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         for (int64_t g = 0; g < group; ++g) {
           vec16 acc = load16(query + g * dim) * load16(keys + t * dim);
           for (int64_t i = 16; i < dim; i += 16) acc += load16(query + g * dim + i) * load16(keys + t * dim + i);
-          scores[g * len + first + t] = hsum(acc);
+          scores[g * len + first + t] = Cache<T>::kScaled ? hsum(acc) * ks : hsum(acc);
         }
       }
     }
@@ -153,11 +162,12 @@ void attend_kv_head(const float* query, float* output, const Cache<T>& cache, co
     vec16 acc[G][C] = {};
     for (int64_t first = 0; first < len; first += bs) {
       const T* values = cache.values(blocks, first, h, dim);
+      const float vs = Cache<T>::kScaled ? cache.scale(blocks, first, h, 1) : 1.0f;
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         vec16 value[C];
         for (int c = 0; c < C; ++c) value[c] = load16(values + t * dim + c * 16);
         for (int g = 0; g < G; ++g) {
-          const float p = scores[g * len + first + t];
+          const float p = Cache<T>::kScaled ? scores[g * len + first + t] * vs : scores[g * len + first + t];
           for (int c = 0; c < C; ++c) acc[g][c] += p * value[c];
         }
       }
@@ -172,9 +182,10 @@ void attend_kv_head(const float* query, float* output, const Cache<T>& cache, co
     std::fill(output, output + group * dim, 0.f);
     for (int64_t first = 0; first < len; first += bs) {
       const T* values = cache.values(blocks, first, h, dim);
+      const float vs = Cache<T>::kScaled ? cache.scale(blocks, first, h, 1) : 1.0f;
       for (int64_t t = 0; t < std::min(bs, len - first); ++t) {
         for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * len + first + t];
+          const float p = Cache<T>::kScaled ? scores[g * len + first + t] * vs : scores[g * len + first + t];
           float* out = output + g * dim;
           for (int64_t i = 0; i < dim; i += 16) store16(out + i, load16(out + i) + p * load16(values + t * dim + i));
         }
@@ -209,8 +220,10 @@ void attend_all(const at::Tensor& q, at::Tensor& out, const Cache<T>& cache, con
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& block_table, const at::Tensor& context_lens) {
-  check_caches(k_cache, v_cache);
+                                  const at::Tensor& block_table, const at::Tensor& context_lens,
+                                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  const bool scaled = k_cache.scalar_type() == at::kChar;
+  if (!scaled) check_caches(k_cache, v_cache);
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t num_blocks = k_cache.size(0), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.stride(2) == 1 && q.stride(1) == dim &&
@@ -232,7 +245,18 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
                   table[b * width + j], " of row ", b, " is outside the cache");
   }
   auto out = at::empty({batch, heads, dim}, q.options());
-  if (k_cache.scalar_type() == at::kFloat)
+  if (scaled) {
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+                v_cache.scalar_type() == at::kChar && v_cache.is_contiguous(),
+                "int8 K and V caches must be contiguous and of one shape [blocks, kv_heads, block_size, head_dim]");
+    for (const auto* s : {&k_scale, &v_scale})
+      TORCH_CHECK(s->has_value() && (*s)->scalar_type() == at::kFloat && (*s)->is_contiguous() &&
+                  (*s)->numel() == num_blocks * kv_heads, "an int8 cache needs k_scale and v_scale: contiguous fp32 "
+                  "[blocks, kv_heads]");
+    Cache<int8_t> cache{k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(), kv_heads, block_size,
+                        k_scale->data_ptr<float>(), v_scale->data_ptr<float>()};
+    attend_all(q, out, cache, table, width, lens);
+  } else if (k_cache.scalar_type() == at::kFloat)
     attend_all(q, out, Cache<float>{elements<float>(k_cache), elements<float>(v_cache), kv_heads, block_size},
                table, width, lens);
   else
@@ -247,7 +271,7 @@ TORCH_LIBRARY(infragent, m) {
   m.def("rope_and_cache_(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) k_cache, Tensor(c!) v_cache, "
         "Tensor slot_blocks, Tensor slot_offsets, int num_heads) -> ()");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
-        "Tensor context_lens) -> Tensor");
+        "Tensor context_lens, Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(infragent, CPU, m) {

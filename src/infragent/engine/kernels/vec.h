@@ -33,6 +33,15 @@ inline vec16 load16(const uint16_t* p) {
   return v;
 }
 
+// int8 storage (a scaled KV cache): the sixteen values as fp32, before their scale.
+typedef int8_t i8x16 __attribute__((vector_size(16)));
+
+inline vec16 load16(const int8_t* p) {
+  i8x16 q;
+  std::memcpy(&q, p, sizeof q);
+  return __builtin_convertvector(q, vec16);
+}
+
 // fp32 -> bf16 rounded to nearest even (the bits torch's .to(torch.bfloat16) gives); a NaN stays a NaN.
 inline uint16_t to_bf16(float x) {
   uint32_t bits;
