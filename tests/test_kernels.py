@@ -144,7 +144,10 @@ def test_rope_and_cache_matches_rotary_and_indexed_write():
     v = qkv[:, (heads + kv_heads) * dim:].reshape(tokens, kv_heads, dim)
     expected_k, expected_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
     expected_k[blocks, :, offsets], expected_v[blocks, :, offsets] = qk[:, heads:], v
+    rotated_only = qkv.clone()  # rope_ (before an int8 cache's scaled write): the same rotation, nothing stored
+    torch.ops.infragent.rope_(rotated_only, cos, sin, heads, kv_heads)
     torch.ops.infragent.rope_and_cache_(qkv, cos, sin, k_cache, v_cache, blocks, offsets, heads)
+    assert torch.equal(rotated_only, qkv)
     torch.testing.assert_close(qkv[:, :heads * dim].view(tokens, heads, dim), qk[:, :heads], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(k_cache, expected_k, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(v_cache, expected_v)
@@ -207,7 +210,7 @@ def test_hybrid_engine_native_and_torch_backends_agree(kv_cache_dtype):
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     native = LLM(model="hybrid", kernels="native", kv_cache_dtype=kv_cache_dtype)
     torch_ops = LLM(model="hybrid", kernels="torch", kv_cache_dtype=kv_cache_dtype)
-    assert native.engine.kv_cache.native_attention(0) and not torch_ops.engine.kv_cache.native_attention(0)
+    assert native.engine.kv_cache.native(0) and not torch_ops.engine.kv_cache.native(0)
     assert [o.token_ids for o in native.generate(prompts, params)] == \
         [o.token_ids for o in torch_ops.generate(prompts, params)]
 

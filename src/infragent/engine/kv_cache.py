@@ -72,27 +72,25 @@ class KVCache:
         self.stage_transfer(layer, k, v, inputs)
 
     def native(self, layer: int) -> bool:
-        """Whether this layer's rope-and-write runs the native kernel (the model's dtype or bf16 storage; a
-        scaled layer rotates in torch, then fill() stores int8 natively)."""
+        """Whether this layer's writes and decode attention run the native kernels (the model's dtype, bf16 or
+        int8 storage; fp8 layers keep the torch path)."""
         fmt = self.formats[layer]
-        return self.kernels and (fmt is None or fmt.dtype == torch.bfloat16)
-
-    def native_attention(self, layer: int) -> bool:
-        """Whether this layer's decode attention runs the native kernel: as native(), and int8 layers too (the
-        kernel applies their scales); fp8 layers keep the torch path."""
-        fmt = self.formats[layer]
-        return self.native(layer) or (self.kernels and fmt is not None and fmt.dtype == torch.int8)
+        return self.kernels and (fmt is None or fmt.dtype in (torch.bfloat16, torch.int8))
 
     def rope_and_write(self, layer: int, qkv: torch.Tensor, num_heads: int,
                        inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Native: rotate the q and k heads of qkv [T, (heads + 2 kv_heads) * d] in place and store the k, v
         rows at their slots, in one pass; return q, k, v [T, heads, d] views of qkv."""
         tokens, (kv_heads, dim) = qkv.shape[0], self.k[layer].shape[1::2]
-        with span("kv.write", layer=layer, tokens=tokens):
-            torch.ops.infragent.rope_and_cache_(qkv, inputs.rope_cos, inputs.rope_sin, self.k[layer], self.v[layer],
-                                                inputs.slot_blocks, inputs.slot_offsets, num_heads)
         heads = qkv.view(tokens, num_heads + 2 * kv_heads, dim)
         q, k, v = heads.split([num_heads, kv_heads, kv_heads], dim=1)
+        with span("kv.write", layer=layer, tokens=tokens):
+            if self.formats[layer] is not None and self.formats[layer].scaled:  # int8: rotate, then scale and store
+                torch.ops.infragent.rope_(qkv, inputs.rope_cos, inputs.rope_sin, num_heads, kv_heads)
+                self.fill(layer, k, v, inputs.slot_blocks, inputs.slot_offsets)
+            else:
+                torch.ops.infragent.rope_and_cache_(qkv, inputs.rope_cos, inputs.rope_sin, self.k[layer],
+                                                    self.v[layer], inputs.slot_blocks, inputs.slot_offsets, num_heads)
         self.stage_transfer(layer, k, v, inputs)
         return q, k, v
 

@@ -63,7 +63,7 @@ void rope_and_store(const at::Tensor& qkv, const float* cos_p, const float* sin_
         for (int64_t i = 0; i < half; ++i) head[i] = x[i] * c[i] + x[i + half] * s[i];
         for (int64_t i = half; i < dim; ++i) head[i] = x[i] * c[i] + x[i - half] * s[i];
       }
-      for (int64_t h = 0; h < kv_heads; ++h) {
+      for (int64_t h = 0; h < kv_heads && kc != nullptr; ++h) {  // no cache: rotate only
         const int64_t slot = ((blocks[t] * kv_heads + h) * block_size + offsets[t]) * dim;
         store_row(kc + slot, row + (num_heads + h) * dim, dim);
         store_row(vc + slot, row + (rotated + h) * dim, dim);
@@ -92,6 +92,19 @@ void rope_and_cache_(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   else
     rope_and_store(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), elements<uint16_t>(k_cache),
                    elements<uint16_t>(v_cache), blocks, offsets, num_heads, kv_heads, block_size, dim);
+}
+
+// RoPE alone on fused qkv rows (an int8 cache stores them afterwards with their scales: scaled_kv_write_).
+void rope_(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads, int64_t kv_heads) {
+  const int64_t tokens = qkv.size(0), width = num_heads + 2 * kv_heads;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.scalar_type() == at::kFloat && qkv.stride(1) == 1 && qkv.size(1) % width == 0,
+              "qkv must be fp32 [tokens, (heads + 2 kv_heads) * head_dim]");
+  const int64_t dim = qkv.size(1) / width;
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.is_contiguous() &&
+              sin.is_contiguous() && cos.numel() == tokens * dim && sin.numel() == tokens * dim,
+              "cos and sin must be contiguous fp32 with head_dim values per token");
+  rope_and_store<float>(qkv, cos.data_ptr<float>(), sin.data_ptr<float>(), nullptr, nullptr, nullptr, nullptr,
+                        num_heads, kv_heads, 0, dim);
 }
 
 template <typename T>
@@ -270,11 +283,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 TORCH_LIBRARY(infragent, m) {
   m.def("rope_and_cache_(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor(b!) k_cache, Tensor(c!) v_cache, "
         "Tensor slot_blocks, Tensor slot_offsets, int num_heads) -> ()");
+  m.def("rope_(Tensor(a!) qkv, Tensor cos, Tensor sin, int num_heads, int kv_heads) -> ()");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
         "Tensor context_lens, Tensor? k_scale=None, Tensor? v_scale=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(infragent, CPU, m) {
   m.impl("rope_and_cache_", rope_and_cache_);
+  m.impl("rope_", rope_);
   m.impl("paged_decode_attention", paged_decode_attention);
 }

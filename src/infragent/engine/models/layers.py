@@ -186,6 +186,6 @@ class Attention:
 
     def _decode(self, q: torch.Tensor, inputs: StepInputs, cache: KVCache) -> torch.Tensor:
         """Attention of the decode rows' queries q [B, heads, d] over their cached context."""
-        if cache.native_attention(self.cache_layer):
+        if cache.native(self.cache_layer):
             return cache.paged_attention(self.cache_layer, q, inputs)
         return decode_attention(q, *cache.decode_context(self.cache_layer, inputs), inputs.decode_mask)
