@@ -252,28 +252,6 @@ inline __m256i block_sum(const __m256i* wv, const int8_t* xb) {
   return s;
 }
 
-// Q8_0 with two digits: both in one multiply. The digits join into one int16 (128 q1 + q2, at most 16320 in
-// magnitude) and vpmaddwd takes w as int16 (w16: each weight vector's rows 0-3, then rows 4-7, widened once
-// per block). Its int32 lanes hold pairs of a row's products; hadd joins each row's pair and the permute
-// restores row order ([r0 r1 r4 r5 | r2 r3 r6 r7] after hadd).
-inline __m256i block_sum_joined(const __m256i* w16, const int8_t* xb, const int8_t* xb2) {
-  alignas(32) int16_t joined[32];
-  for (int half = 0; half < 2; ++half) {
-    const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 16 * half)));
-    const __m256i q2 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb2 + 16 * half)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(joined + 16 * half), _mm256_add_epi16(_mm256_slli_epi16(q1, 7), q2));
-  }
-  __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-  for (int v = 0; v < 8; ++v) {  // Q8_0's vector v holds elements 4v..4v+3 of each row
-    int64_t four;
-    std::memcpy(&four, joined + 4 * v, 8);
-    const __m256i xv = _mm256_set1_epi64x(four);
-    lo = _mm256_add_epi32(lo, _mm256_madd_epi16(w16[2 * v], xv));
-    hi = _mm256_add_epi32(hi, _mm256_madd_epi16(w16[2 * v + 1], xv));
-  }
-  return _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo, hi), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
-}
-
 // Rows a0.. of y for half h of group g (8 weight rows per vector), times the rows' scales where the weight has them.
 template <int A>
 void store_half(const Packed& w, const __m256* acc, int64_t g, int h, int64_t a0, float* y) {
@@ -286,11 +264,10 @@ void store_half(const Packed& w, const __m256* acc, int64_t g, int h, int64_t a0
   }
 }
 
-// As vnni::group_tile with 8 rows per vector: the group's two halves in turn.
+// As vnni::group_tile with 8 rows per vector: the group's two halves in turn (Q8_0 with two digits: wide_group).
 template <int Kind, int A, int Digits>
 void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y) {
   const __m256i low = _mm256_set1_epi8(15), flip = _mm256_set1_epi8(static_cast<char>(0x80));
-  constexpr bool kJoined = Kind == kQ8 && Digits == 2;
   for (int h = 0; h < 2; ++h) {
     __m256 acc[A];
     for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_ps();
@@ -307,25 +284,14 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
         for (int c = 0; c < 8; ++c)
           wv[c] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + 64 * c)), flip);
       }
-      __m256i w16[16];
-      if (kJoined)
-        for (int c = 0; c < 8; ++c) {
-          w16[2 * c] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv[c]));
-          w16[2 * c + 1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv[c], 1));
-        }
       const int64_t at = (g * w.nb + b) * 16 + 8 * h;
       const __m256 wd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + at)));
       __m256 wm = _mm256_setzero_ps();
       if (Kind == kQ4) wm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + at)));
       for (int a = 0; a < A; ++a) {
         const int64_t row = a0 + a;
-        __m256i s;
-        if (kJoined) {
-          s = block_sum_joined(w16, x.xq + row * x.k + b * 32, x.xq2 + row * x.k + b * 32);
-        } else {
-          s = block_sum<Kind>(wv, x.xq + row * x.k + b * 32);
-          if (Digits == 2) s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), block_sum<Kind>(wv, x.xq2 + row * x.k + b * 32));
-        }
+        __m256i s = block_sum<Kind>(wv, x.xq + row * x.k + b * 32);
+        if (Digits == 2) s = _mm256_add_epi32(_mm256_slli_epi32(s, 7), block_sum<Kind>(wv, x.xq2 + row * x.k + b * 32));
         acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wd, _mm256_set1_ps(x.xd[row * x.nb + b])), acc[a]);
         if (Kind == kQ4) acc[a] = _mm256_fmadd_ps(wm, _mm256_set1_ps(x.xs[row * x.nb + b]), acc[a]);
       }
@@ -334,11 +300,11 @@ void group_tile(const Packed& w, const Acts& x, int64_t g, int64_t a0, float* y)
   }
 }
 
-// The wide two-digit path of Q8_0 (from kWideRows rows of x): a group half's weights are widened to int16 once
-// per call, vector v of block b at w16[16 b + 2 v] (rows 0-3) and [16 b + 2 v + 1] (rows 4-7), and the digits
-// come joined (xj, once per row), so the inner loop is one broadcast per four activations and, per row and
-// vector of weights, vpmaddwd + vpaddd: no unpacking or digit work repeated per tile of rows. (Q4_1 measured
-// slower this way: one maddubs already multiplies 32 nibbles by a digit.)
+// Q8_0 with two digits (Q8_0's stored w + 128 would overflow maddubs's int16 pairs): the digits come joined
+// into one int16 (xj = 128 q1 + q2, at most 16320 in magnitude, once per row) and a group half's weights are
+// widened to int16 once per call, vector v of block b at w16[16 b + 2 v] (rows 0-3) and [16 b + 2 v + 1]
+// (rows 4-7), so the inner loop is one broadcast per four activations and, per row and vector of weights,
+// vpmaddwd + vpaddd. (Q4_1 measured slower this way: one maddubs already multiplies 32 nibbles by a digit.)
 void widen_half(const Packed& w, int64_t g, int h, __m256i* w16) {
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < w.nb; ++b) {
@@ -463,8 +429,6 @@ void quantize_rows(const float* x, int64_t m, int64_t k, int8_t* xq, int8_t* xq2
 
 // Rows of x per tile: each group's weights are unpacked once per block and used for this many rows.
 constexpr int kTile = 4;
-// From this many rows of x, AVX2's two-digit Q8_0 products widen each group's weights once and join the digits.
-constexpr int64_t kWideRows = 4;
 
 void join_digits(const int8_t* q1, const int8_t* q2, int64_t count, int16_t* joined) {
   for (int64_t i = 0; i < count; ++i) joined[i] = static_cast<int16_t>(128 * q1[i] + q2[i]);
@@ -522,7 +486,7 @@ at::Tensor qlinear_a8(const at::Tensor& x, const at::Tensor& packed, const at::T
   const Path p = path();
   // one scratch allocation for the quantized activations (five made a batch-1 call ~2 us slower): per row and
   // block xd, xs (fp32) and xqs (int32), then the digits (int8), then on AVX2's wide path the digits joined
-  const bool wide = p == Path::Avx2 && kind == kQ8 && digits == 2 && rows >= kWideRows;
+  const bool wide = p == Path::Avx2 && kind == kQ8 && digits == 2;  // AVX2's wide_group: the digits joined
   const int64_t per_block = rows * w.nb;
   auto scratch = at::empty({per_block * 12 + rows * w.k * (digits + (wide ? 2 : 0))}, x.options().dtype(at::kByte));
   float* xd = reinterpret_cast<float*>(scratch.data_ptr<uint8_t>());
