@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlparse
 
 import psutil
@@ -137,6 +138,20 @@ def test_a_killed_driver_resumes_and_runs_no_finished_trial_twice(cluster, tmp_p
         assert sum(t["knobs"] == kept["knobs"] for t in after) == 1
     assert ledger.run(1)["status"] == "completed"
     assert _no_targets_left()
+
+
+def test_an_attempt_that_never_answered_is_named_by_the_node_it_was_placed_on(cluster) -> None:
+    from infragent.agent.ray_executor import _placed
+    from infragent.agent.remote_trial import TrialRunner
+
+    actor = ray.remote(TrialRunner).options(num_cpus=1, resources={"infer_node": 1}).remote()
+    flight = SimpleNamespace(actor=actor, node=None, node_id=None)  # as a dead node's actor: `where` never asked
+    try:
+        label, node_id = ray.get(actor.where.remote(), timeout=120)
+        _placed(ray, flight)
+        assert (flight.node, flight.node_id) == (label, node_id)
+    finally:
+        ray.kill(actor)
 
 
 def test_a_node_lost_mid_trial_is_recorded_and_its_trial_runs_again_elsewhere(cluster, tmp_path: Path) -> None:

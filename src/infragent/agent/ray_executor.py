@@ -199,6 +199,8 @@ def _land(ray: Any, ctx: RunContext, flight: Flight, calibrations: dict[str, dic
     except ray.exceptions.RayTaskError as err:
         cause = f"the trial failed on {flight.node or 'its node'}: {str(err.cause if hasattr(err, 'cause') else err)[:400]}"
     except ray.exceptions.RayError as err:
+        if flight.node is None:
+            _placed(ray, flight)
         cause = f"node lost: {flight.node or 'the node'} went away mid-trial ({type(err).__name__})"
     finally:
         with contextlib.suppress(Exception):
@@ -235,6 +237,20 @@ def _locate(ray: Any, flights: Any) -> None:
                     flight.node, flight.node_id = ray.get(ready[0])
                 except ray.exceptions.RayError:
                     pass  # its actor died before it answered: the node stays unnamed
+
+
+def _placed(ray: Any, flight: Flight) -> None:
+    """Name the node the scheduler placed an attempt's actor on, from the cluster's actor table: an actor placed
+    on a node that died before the node was declared dead never answers `where`."""
+    try:
+        from ray._private import state
+
+        node_id = state.actors(actor_id=flight.actor._actor_id.hex()).get("Address", {}).get("NodeID", "")
+        hosts = {n["NodeID"]: n.get("NodeManagerHostname", "") for n in ray.nodes()}
+    except Exception:  # noqa: BLE001 (a private table: when it moves, the node stays unnamed)
+        return
+    if node_id in hosts:
+        flight.node, flight.node_id = f"{hosts[node_id]}/{node_id[:8]}", node_id
 
 
 def _adopt(ctx: RunContext, flight: Flight, bundle: TrialBundle, calibrations: dict[str, dict]) -> None:
