@@ -37,6 +37,23 @@ def test_a_doubled_workload_is_slower_and_its_inverse_faster():
     assert faster.details["outcome"] == "contended" or (faster.verdict == "pass" and "faster" in faster.finding)
 
 
+def test_a_call_the_machine_made_contended_names_why_though_the_busy_spell_ended(monkeypatch):
+    from infragent.probes import bench
+    from infragent.probes.contention import Contention
+
+    class SpellThenQuiet:  # busy when first read (others' CPU at 1.5 cores), quiet over the whole window after
+        readings = iter([Contention(0.02, 0.0, 1.5, 0.3)])
+
+        def now(self) -> Contention:
+            return next(self.readings, Contention(0.02, 0.0, 0.1, 2.0))
+
+    monkeypatch.setattr(bench, "ContentionWatch", SpellThenQuiet)
+    fb = run_bench(bench_cases.twice, bench_cases.work, config=BenchConfig(budget_s=2.0))
+    contention = fb.details["contention"]
+    assert contention["contended"] and contention["others_cores"] == 1.5, contention
+    assert "contended: other processes used 1.5 cores;" in fb.finding, fb.finding  # decided or not
+
+
 def test_a_over_a_finds_no_change_and_reports_the_noise_floor():
     aa = run_bench(bench_cases.work, bench_cases.work_copy, config=BenchConfig(budget_s=2.0))
     assert aa.details["outcome"] in ("no_change", "undecided", "contended")  # never a false "faster"/"slower"

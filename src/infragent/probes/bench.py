@@ -94,7 +94,7 @@ class BenchResult:
     confidence: float = DECIDE_CONFIDENCE  # of the interval the outcome rests on
     mann_whitney_p: float = float("nan")
     others_cores: float | None = None  # CPU other processes used while measuring, in cores
-    contention: Contention | None = None  # the signals over the measuring window (last read)
+    contention: Contention | None = None  # the signals over the measuring window; contended: the reading that said so
     contended: bool = False  # the signals said busy at some point: the rest was measured the contended way
     set_aside: int = 0  # pairs measured before contention was seen, left out of the statistics
     aa_ns: list[tuple[float, float]] = field(default_factory=list)  # A/A pairs, interleaved once contended
@@ -249,8 +249,10 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
         if gc_was_enabled:
             gc.enable()
     result.measuring_s = time.perf_counter() - measuring
-    result.contention = watch.now()
-    result.others_cores = result.contention.others_cores
+    whole = watch.now()
+    if not result.contended:  # a contended call keeps the reading that said busy: the whole window's average
+        result.contention = whole  # can fall under the thresholds once the other work ends, and then names nothing
+    result.others_cores = whole.others_cores
     if result.contended and result.outcome == "undecided":
         result.outcome, result.budget_hit = "contended", False  # the machine, not the budget, left it open
     result.mann_whitney_p = mann_whitney_p(result.a_ns, result.b_ns)
@@ -373,6 +375,9 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
                "raw": {"a_ns": result.a_ns, "b_ns": result.b_ns, "b_first": result.b_first, "aa_ns": result.aa_ns}}
     locality = {"a": a_name, "b": b_name, "inputs": case.label or "default", "threads": config.threads,
                 "metric": config.metric}
+    if result.contention is not None:
+        details["contention"] = {**result.contention.to_dict(), "aa_pairs": len(result.aa_ns),
+                                 "aa_spread": result.aa_spread()}
     if n == 0:
         return _no_pairs(result, a_name, b_name, aa, config, evidence, details, locality)
     ratio = result.ratio or paired_ratio(result.a_ns, result.b_ns, confidence=DECIDE_CONFIDENCE)
@@ -419,9 +424,6 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
                     "fixed-duration loop that returns its work? Time per call cannot see that: use "
                     "metric='return' (--metric return) to compare work per second")
         next_probes.insert(0, "bench with metric='return' (--metric return)")
-    if result.contention is not None:
-        details["contention"] = {**result.contention.to_dict(), "aa_pairs": len(result.aa_ns),
-                                 "aa_spread": result.aa_spread()}
     if result.contended:
         verdict, finding = _contended(result, verdict, finding, numbers)
     if result.outcome == "undecided" and not result.budget_hit:
