@@ -140,20 +140,6 @@ def test_a_killed_driver_resumes_and_runs_no_finished_trial_twice(cluster, tmp_p
     assert _no_targets_left()
 
 
-def test_an_attempt_that_never_answered_is_named_by_the_node_it_was_placed_on(cluster) -> None:
-    from infragent.agent.ray_executor import _placed
-    from infragent.agent.remote_trial import TrialRunner
-
-    actor = ray.remote(TrialRunner).options(num_cpus=1, resources={"infer_node": 1}).remote()
-    flight = SimpleNamespace(actor=actor, node=None, node_id=None)  # as a dead node's actor: `where` never asked
-    try:
-        label, node_id = ray.get(actor.where.remote(), timeout=120)
-        _placed(ray, flight)
-        assert (flight.node, flight.node_id) == (label, node_id)
-    finally:
-        ray.kill(actor)
-
-
 def test_a_node_lost_mid_trial_is_recorded_and_its_trial_runs_again_elsewhere(cluster, tmp_path: Path) -> None:
     head, nodes = cluster
     lost = nodes[1]
@@ -179,6 +165,22 @@ def test_a_node_lost_mid_trial_is_recorded_and_its_trial_runs_again_elsewhere(cl
         assert retried["attempts"] == 2 and not retried["node"].endswith(lost.node_id[:8])
     assert ledger.run(run_id)["status"] == "completed"
     assert _no_targets_left(), "the lost node's trial left its targets running"
+
+
+def test_an_attempt_placed_on_a_node_that_died_unnoticed_is_named_by_that_node(cluster) -> None:
+    from infragent.agent.ray_executor import _placed
+    from infragent.agent.remote_trial import TrialRunner
+
+    head, _ = cluster
+    doomed = head.add_node(num_cpus=1, resources={"doomed_node": 1})
+    head.wait_for_nodes()
+    head.remove_node(doomed, allow_graceful=False)  # Ray counts it alive until its heartbeats are missed
+    actor = ray.remote(TrialRunner).options(num_cpus=1, resources={"doomed_node": 1}, max_restarts=0).remote()
+    with pytest.raises(ray.exceptions.RayError):  # placed there, it never answers
+        ray.get(actor.where.remote(), timeout=120)
+    flight = SimpleNamespace(actor=actor, node=None, node_id=None)
+    _placed(ray, flight)
+    assert flight.node_id == doomed.node_id and flight.node.endswith(doomed.node_id[:8]), flight
 
 
 def test_a_spec_the_node_lacks_travels_with_the_trial(tmp_path: Path) -> None:
