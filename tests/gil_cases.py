@@ -129,3 +129,29 @@ def sleepy() -> None:
     t = threading.Thread(target=waiter, name="poller")
     t.start()
     t.join()
+
+
+def hung() -> None:
+    """Deadlocks holding the GIL (a native mutex locked twice, called with the GIL held): no CPU work, and deaf
+    to the interrupt (a mutex wait resumes after a signal; the Python handler never gets to run)."""
+    import ctypes
+    libc = ctypes.PyDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: a default pthread mutex
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+
+
+def hung_once() -> None:
+    """Hangs like hung() the first time (it leaves the file $HUNG_ONCE_MARKER), then runs contended()."""
+    import os
+    from pathlib import Path
+    marker = Path(os.environ["HUNG_ONCE_MARKER"])
+    if not marker.exists():
+        marker.write_text("hung once")
+        hung()
+    contended()
+
+
+def idle() -> None:
+    """Waits on an event nobody sets: no CPU work, but the interrupt stops it."""
+    threading.Event().wait()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -123,6 +124,24 @@ def test_truncated_header_and_data_are_reported(tmp_path, gguf_file):
     data_cut.write_bytes(src)
     with pytest.raises(gw.GGUFFormatError, match="past end of file"):
         gw.read_gguf(data_cut)
+
+
+def test_the_header_reads_while_a_profiler_keeps_its_frames(gguf_file):
+    """A sampling profiler (the gil probe's sampler, py-spy's host) can hold a reader frame past its return, and
+    a frame kept alive keeps its locals: none of them may still export the file's map when it is closed (an
+    array viewing it made the gil probe's child fail with BufferError)."""
+    kept = []
+
+    def keep(frame, event, arg):
+        if event == "return" and frame.f_code.co_filename == gw.__file__:
+            kept.append(frame)
+
+    sys.setprofile(keep)
+    try:
+        again = gw.read_gguf(gguf_file.path)
+    finally:
+        sys.setprofile(None)
+    assert kept and again.metadata == gguf_file.metadata
 
 
 def test_tensor_name_mapping():

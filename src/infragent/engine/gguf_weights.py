@@ -138,9 +138,13 @@ class _Cursor:
             return [self.string() for _ in range(count)]
         if etype in _SCALAR_FMT:
             dtype = np.dtype(_SCALAR_FMT[etype])
-            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
-            self.pos += dtype.itemsize * count
-            return arr.tolist()
+            # a copy, not a view: an array still exporting the map (a profiler holding this frame keeps its
+            # locals alive) would make closing it raise BufferError
+            raw = self.buf[self.pos:self.pos + dtype.itemsize * count]
+            if len(raw) != dtype.itemsize * count:
+                raise GGUFFormatError(f"{self.path}: header truncated in an array at byte {self.pos}")
+            self.pos += len(raw)
+            return np.frombuffer(raw, dtype=dtype).tolist()
         return [self.value(etype) for _ in range(count)]
 
 

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +37,16 @@ from infragent.probes.budget import over_budget
 from infragent.probes.feedback import Evidence, Feedback, Measure
 from infragent.probes.gil_child import SAMPLER_THREAD
 from infragent.probes.gil_threads import threads_feedback
+from infragent.probes.stall import Idleness, main_thread_frame, stack_dump
 from infragent.probes.thread_states import ThreadStates
 from infragent.trace_model import Trace, TraceFormatError
 
 CHILD_MODULE = "infragent.probes.gil_child"
 WAIT_THRESHOLD = 0.25  # a thread blocked more than this share of its span time is starved
 STOP_GRACE_S = 10.0  # after the interrupt at the budget, the child's time to write what it has
+STALL_S = 60.0  # a workload that does no CPU work this long is interrupted as stalled
+MIN_RETRY_S = 30.0  # the least budget left for which a stuck child is run again
+POLL_S = 1.0
 FREE_GIL = 0.2  # gilknocker contention below this while a thread was blocked: it waited on something else
 
 
@@ -54,6 +58,21 @@ class ChildFailed(RuntimeError):
         self.traceback = traceback
 
 
+class ChildStuck(RuntimeError):
+    """The child did not stop when interrupted (at the budget, or stalled); dump: what its threads were doing."""
+
+    def __init__(self, message: str, dump: str) -> None:
+        super().__init__(message)
+        self.dump = dump
+        self.dump_path: Path | None = None  # where the probe kept the dump
+        self.notes: list[str] = []  # the probe's notes, every try's included
+
+    @property
+    def where(self) -> str:
+        """Where its main thread was, from the dump."""
+        return main_thread_frame(self.dump) or "unknown (no stack could be read)"
+
+
 @dataclass
 class GilRecording:
     """What one run of the child left behind: the trace, py-spy's samples, and why any source is missing."""
@@ -63,6 +82,7 @@ class GilRecording:
     held: dict[int, HeldSamples] | None
     notes: list[str] = field(default_factory=list)
     states: list[tuple[int, int, str]] = field(default_factory=list)  # the child's threads, sampled from here
+    stalled_s: float | None = None  # interrupted after doing no CPU work this long (None: it was not)
 
 @dataclass
 class GilReport:
@@ -116,34 +136,56 @@ def _child_env(code: Path | None = None, extra: dict[str, str] | None = None) ->
     return env
 
 
-def _run(cmd: list[str], timeout_s: float, env: dict[str, str]) -> tuple[int, str, list[tuple[int, int, str]]]:
+@dataclass
+class _Ran:
+    returncode: int
+    output: str
+    states: list[tuple[int, int, str]]
+    stalled_s: float | None
+
+
+def _run(cmd: list[str], timeout_s: float, env: dict[str, str], stall_s: float = STALL_S) -> _Ran:
     """Run cmd in its own process group (py-spy and its child), its threads' states sampled from here. At
-    timeout_s interrupt the workload's process (it writes what it has; py-spy, seeing it end, its samples);
-    kill the group and re-raise if it has not ended STOP_GRACE_S later."""
+    timeout_s, or once the workload's process has done no CPU work for stall_s, interrupt it (it writes what it
+    has; py-spy, seeing it end, its samples); if it has not ended STOP_GRACE_S later, take its threads'
+    stacks, kill the group and raise ChildStuck (TimeoutExpired when py-spy had not started it yet)."""
+    wrapped = Path(cmd[0]).name == "py-spy"
+    end, idle = time.monotonic() + timeout_s, Idleness(stall_s)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           start_new_session=True) as proc, \
-            ThreadStates(proc.pid, CHILD_MODULE, wrapped=Path(cmd[0]).name == "py-spy") as states:
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            workload = states.child() or proc.pid
+            ThreadStates(proc.pid, CHILD_MODULE, wrapped=wrapped) as states:
+        while True:
             try:
-                if workload == proc.pid and Path(cmd[0]).name == "py-spy":
-                    raise  # py-spy has not started the workload yet: nothing to keep
-                os.kill(workload, signal.SIGINT)  # the workload's process: py-spy then ends too
-                output, _ = proc.communicate(timeout=STOP_GRACE_S)
+                output, _ = proc.communicate(timeout=max(0.0, min(POLL_S, end - time.monotonic())))
+                return _Ran(proc.returncode, output, states.samples, None)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                raise
-    return proc.returncode, output, states.samples
+                workload = states.child() or proc.pid
+                started = workload != proc.pid or not wrapped  # under py-spy: once py-spy started the child
+                stalled = started and idle.stalled(workload)
+                if stalled or time.monotonic() >= end:
+                    break
+        if not started:  # nothing to keep
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout_s)
+        os.kill(workload, signal.SIGINT)  # the workload's process: py-spy then ends too
+        try:
+            output, _ = proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            dump = stack_dump(workload, find_pyspy())
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            why = f"did no CPU work for {stall_s:g} s" if stalled else f"was still running at budget_s={timeout_s:g}"
+            raise ChildStuck(f"the workload's process {why} and did not stop when interrupted", dump) from None
+    return _Ran(proc.returncode, output, states.samples, stall_s if stalled else None)
 
 
 def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 500,
                  interval_ms: float = 25.0, timeout_s: float = 300.0, code: Path | None = None,
-                 env: dict[str, str] | None = None) -> GilRecording:
+                 env: dict[str, str] | None = None, stall_s: float = STALL_S) -> GilRecording:
     """Run the workload in a child process (its code from `code` when given, with env added), under py-spy
-    when asked and available; raise ChildFailed (with the child's traceback) when the workload fails."""
+    when asked and available; raise ChildFailed (with the child's traceback) when the workload fails, and
+    ChildStuck when it hung twice (once, when too little budget was left to run it again)."""
     trace_path, pyspy_path = out_dir / "trace.json", out_dir / "pyspy.speedscope.json"
     child = [sys.executable, "-m", CHILD_MODULE, workload, str(trace_path),
              "--interval-ms", str(interval_ms)]
@@ -156,10 +198,10 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
     runs = [[exe, "record", "--gil", "--nonblocking", "--format", "speedscope", "--rate", str(rate),
              "-o", str(pyspy_path), "--"] + child] if exe else []
     runs.append(child)
-    states: list[tuple[int, int, str]] = []
-    end = time.monotonic() + timeout_s  # one budget for both tries
+    ran = _Ran(0, "", [], None)
+    end = time.monotonic() + timeout_s  # one budget for every try
     for cmd in runs:
-        returncode, output, states = _run(cmd, end - time.monotonic(), _child_env(code, env))
+        ran = _run_unstuck(cmd, end, _child_env(code, env), stall_s, out_dir, notes)
         error = Path(str(trace_path) + ".error")
         if error.exists():
             text = error.read_text()
@@ -169,8 +211,8 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
             break
         if Path(str(trace_path) + ".stopped").exists() or time.monotonic() >= end:  # no time for another try
             raise subprocess.TimeoutExpired(cmd, timeout_s)
-        tail = output.strip().splitlines()[-3:]
-        notes.append(f"{Path(cmd[0]).name} exited {returncode} without a trace: {' | '.join(tail)}")
+        tail = ran.output.strip().splitlines()[-3:]
+        notes.append(f"{Path(cmd[0]).name} exited {ran.returncode} without a trace: {' | '.join(tail)}")
     if not trace_path.exists():
         raise ChildFailed("the gil child process wrote no trace: " + "; ".join(notes))
     held = None
@@ -182,7 +224,28 @@ def record_child(workload: str, out_dir: Path, pyspy: bool = True, rate: int = 5
             notes.append(f"py-spy output unreadable ({err}): held shares are n/a")
     elif exe:
         notes.append("py-spy wrote no samples (ptrace not permitted?): held shares are n/a")
-    return GilRecording(trace_path, pyspy_path if held is not None else None, held, notes, states)
+    return GilRecording(trace_path, pyspy_path if held is not None else None, held, notes, ran.states,
+                        ran.stalled_s)
+
+
+def _run_unstuck(cmd: list[str], end: float, env: dict[str, str], stall_s: float, out_dir: Path,
+                 notes: list[str]) -> _Ran:
+    """_run, once more when the child hung (its stacks kept in out_dir and named in notes) and at least
+    MIN_RETRY_S of the budget is left: a hung run measured nothing, and the next may not hang."""
+    attempt = 1
+    while True:
+        try:
+            return _run(cmd, end - time.monotonic(), env, stall_s)
+        except ChildStuck as stuck:
+            stuck.dump_path = out_dir / f"stuck-{attempt}.txt"
+            stuck.dump_path.write_text(stuck.dump)
+            again = attempt == 1 and end - time.monotonic() >= MIN_RETRY_S
+            notes.append(f"try {attempt}: {stuck}; its main thread was in {stuck.where} (every thread: "
+                         f"{stuck.dump_path.name}){'; ran it again' if again else ''}")
+            if not again:
+                stuck.notes = list(notes)
+                raise
+        attempt += 1
 
 
 def gil_report(workload: str, trace: Trace, held: dict[int, HeldSamples] | None,
@@ -319,26 +382,46 @@ def to_feedback(report: GilReport, evidence: list[Evidence]) -> Feedback:
 
 def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms: float = 25.0,
             threshold: float = WAIT_THRESHOLD, timeout_s: float = 300.0, code: Path | None = None,
-            env: dict[str, str] | None = None) -> Feedback:
+            env: dict[str, str] | None = None, stall_s: float = STALL_S) -> Feedback:
     """Run module:function in a child process (from the checkout `code`, with env added, when given) and
-    report, per thread and span, GIL held and waited shares."""
+    report, per thread and span, GIL held and waited shares. A child that hangs (no CPU work for stall_s, and
+    deaf to the interrupt) is run once more while the budget allows; its stacks are kept."""
     out_dir = artifact_dir() / f"gil-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 1_000_000:06d}"
     out_dir.mkdir(parents=True)
     try:
         rec = record_child(workload_name, out_dir, pyspy=pyspy, rate=rate, interval_ms=interval_ms,
-                           timeout_s=timeout_s, code=code, env=env)
+                           timeout_s=timeout_s, code=code, env=env, stall_s=stall_s)
     except ChildFailed as err:
         return Feedback("gil", "inconclusive", str(err), details={"traceback": err.traceback},
                         next_probes=[f"run {workload_name} directly to check that it works"])
+    except ChildStuck as stuck:
+        return stuck_feedback(workload_name, stuck)
     except subprocess.TimeoutExpired:
         return Feedback("gil", "inconclusive", f"inconclusive: budget: workload {workload_name} gave nothing within "
-                        f"budget_s={timeout_s:g} (stopped before it started, or it did not stop when interrupted)",
+                        f"budget_s={timeout_s:g} (stopped before it started)",
                         next_probes=["make the workload shorter (a few seconds is enough)"])
     feedback = _judge(workload_name, rec, threshold, out_dir)
     meta = Trace.load(rec.trace_path).meta
+    if meta.get("stopped_at_budget") and rec.stalled_s is not None:
+        return replace(feedback, verdict="inconclusive",
+                       finding=f"inconclusive: stalled: the workload did no CPU work for {rec.stalled_s:g} s and was "
+                               f"interrupted after {meta['workload_wall_ns'] / 1e9:.3g} s; from the samples until "
+                               f"then: {feedback.finding}",
+                       details={**feedback.details, "stalled_s": rec.stalled_s})
     if meta.get("stopped_at_budget"):  # interrupted at timeout_s: the trace holds what ran until then
         return over_budget(feedback, timeout_s, meta["workload_wall_ns"] / 1e9, "the samples of the run until then")
     return feedback
+
+
+def stuck_feedback(workload_name: str, stuck: ChildStuck) -> Feedback:
+    """A workload that hung in every try: inconclusive, naming where its main thread was, its stacks the evidence."""
+    evidence = [Evidence.of(stuck.dump_path, "the hung child's thread stacks (py-spy dump) and kernel wait channels")]
+    tries = sum(note.startswith("try ") for note in stuck.notes)
+    return Feedback("gil", "inconclusive", f"inconclusive: stuck: {stuck}{' (both tries)' if tries > 1 else ''}; "
+                                           f"its main thread was in {stuck.where}",
+                    evidence=evidence, details={"stack_dump": stuck.dump, "notes": stuck.notes},
+                    next_probes=[f"run {workload_name} directly: does it finish on its own?",
+                                 f"read {stuck.dump_path} for the lock or call it waits on"])
 
 
 def _judge(workload_name: str, rec: GilRecording, threshold: float, out_dir: Path) -> Feedback:

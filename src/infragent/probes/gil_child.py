@@ -88,7 +88,10 @@ class Sampler:
         return self
 
     def _sample(self, tick: int) -> None:
-        frames = sys._current_frames()
+        # only what is needed of each frame, and at once: a frame held on to keeps its function's locals alive
+        # after it returns, and the workload's objects must live as long as they would unobserved
+        waiting = {ident: _waiting_module(frame.f_code.co_filename)
+                   for ident, frame in sys._current_frames().items()}
         for thread in threading.enumerate():  # Python threads: the only ones that can hold the GIL
             if not thread.native_id or thread.name == SAMPLER_THREAD:
                 continue
@@ -97,9 +100,7 @@ class Sampler:
             if stat is not None:
                 counter(f"{CPU}{thread.native_id}", stat[0])
                 counter(f"{RUN_DELAY}{thread.native_id}", stat[1])
-                frame = frames.get(thread.ident)
-                counter(f"{WAITING_FRAME}{thread.native_id}",
-                        float(frame is not None and _waiting_module(frame.f_code.co_filename)))
+                counter(f"{WAITING_FRAME}{thread.native_id}", float(waiting.get(thread.ident, False)))
         if self.knocker is not None and tick % 2 == 1:
             counter(CONTENTION, self.knocker.contention_metric)
             self.knocker.reset_contention_metric()

@@ -1,0 +1,85 @@
+"""The gil probe on a workload that stops working: a child that hangs deaf to the interrupt is found idle,
+its threads' stacks are kept and named, and it is run once more (a hang measured nothing); one that hangs
+but hears the interrupt gives its samples as "stalled". Idleness tells a stalled process from a busy one.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from infragent.probes import gil as gil_probe
+from infragent.probes.gil import find_pyspy
+from infragent.probes.stall import Idleness, main_thread_frame
+
+from test_gil import probe  # noqa: F401 (the module-scoped fixture: run_gil from tests/)
+
+STALL_S = 3.0
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """A short grace after the interrupt and a short retry floor, so a hang costs seconds, not minutes."""
+    monkeypatch.setattr(gil_probe, "STOP_GRACE_S", 2.0)
+    monkeypatch.setattr(gil_probe, "MIN_RETRY_S", 5.0)
+
+
+def test_idleness_tells_a_sleeping_process_from_a_busy_one():
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        watches = {sleeping.pid: Idleness(1.5), busy.pid: Idleness(1.5)}
+        said: dict[int, bool] = {}
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            said = {pid: watch.stalled(pid) for pid, watch in watches.items()}
+            time.sleep(0.25)
+        assert said == {sleeping.pid: True, busy.pid: False}
+    finally:
+        sleeping.kill()
+        busy.kill()
+
+
+def test_the_main_threads_place_is_read_from_a_dump():
+    dump = ('Process 7: python -m work\n\nThread 9 (idle): "kv-transfer"\n    wait (threading.py:320)\n'
+            'Thread 7 (idle): "MainThread"\n    0x7f5fd4ca412b (libc.so.6)\n    clock_nanosleep (libc.so.6)\n'
+            '    sleep (libc.so.6)\n'
+            '    hung (gil_cases.py:146)\n    workload (run.py:3)\nthread 7 (python): state S, waiting in hrtimer')
+    assert main_thread_frame(dump) == "hung (gil_cases.py:146), in clock_nanosleep (libc.so.6)"
+    only_python = 'Thread 7 (idle): "MainThread"\n    hung (gil_cases.py:146)\n'
+    assert main_thread_frame(only_python) == "hung (gil_cases.py:146)"
+    assert main_thread_frame("thread 7 (python): state S") is None
+
+
+def test_a_workload_hung_with_the_gil_is_run_twice_and_named_where_it_hung(probe, quick):
+    start = time.monotonic()
+    feedback = probe("gil_cases:hung", timeout_s=40, stall_s=STALL_S)
+    elapsed = time.monotonic() - start
+    assert feedback.verdict == "inconclusive"
+    assert feedback.finding.startswith("inconclusive: stuck: the workload's process did no CPU work for 3 s and "
+                                       "did not stop when interrupted (both tries)"), feedback.finding
+    if find_pyspy() is not None:  # py-spy reads the hung interpreter's stack
+        assert "hung (gil_cases.py:" in feedback.finding, feedback.finding
+        assert '"MainThread"' in feedback.details["stack_dump"]
+    assert "waiting in" in feedback.details["stack_dump"]  # each thread's kernel wait channel, from /proc
+    assert feedback.evidence and feedback.evidence[0].path.endswith("stuck-2.txt")
+    assert elapsed < 35, elapsed  # found idle after seconds, not at the 40 s budget
+
+
+def test_a_workload_that_hangs_once_is_run_again_and_judged(probe, quick, monkeypatch, tmp_path):
+    monkeypatch.setenv("HUNG_ONCE_MARKER", str(tmp_path / "hung-once"))
+    feedback = probe("gil_cases:hung_once", timeout_s=60, stall_s=STALL_S)
+    assert feedback.verdict == "fail", feedback.finding  # contended(): compute is starved of the GIL
+    assert "starved" in feedback.finding
+    assert "try 1: the workload's process did no CPU work for 3 s and did not stop when interrupted" \
+        in feedback.finding and "ran it again" in feedback.finding
+
+
+def test_an_idle_workload_that_hears_the_interrupt_gives_what_it_had_as_stalled(probe, quick):
+    start = time.monotonic()
+    feedback = probe("gil_cases:idle", timeout_s=40, stall_s=STALL_S)
+    assert feedback.verdict == "inconclusive"
+    assert feedback.finding.startswith("inconclusive: stalled: the workload did no CPU work for 3 s"), feedback.finding
+    assert time.monotonic() - start < 20
