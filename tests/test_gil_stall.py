@@ -1,9 +1,12 @@
 """The gil probe on a workload that stops working: a child that hangs deaf to the interrupt is found idle,
 its threads' stacks are kept and named, and it is run once more (a hang measured nothing); one that hangs
-but hears the interrupt gives its samples as "stalled". Idleness tells a stalled process from a busy one.
+but hears the interrupt gives its samples as "stalled". Idleness tells a stalled process from a busy one,
+or from one whose children do the work.
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,20 +29,25 @@ def quick(monkeypatch):
     monkeypatch.setattr(gil_probe, "MIN_RETRY_S", 5.0)
 
 
-def test_idleness_tells_a_sleeping_process_from_a_busy_one():
+def test_idleness_tells_a_sleeping_process_from_a_busy_one_or_one_whose_child_works():
     sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    delegating = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, "
+                                   "'-c', 'while True: pass'])"], start_new_session=True)  # its child works
     try:
-        watches = {sleeping.pid: Idleness(1.5), busy.pid: Idleness(1.5)}
+        watches = {p.pid: Idleness(1.5) for p in (sleeping, busy, delegating)}
         said: dict[int, bool] = {}
         end = time.monotonic() + 2.5
         while time.monotonic() < end:
             said = {pid: watch.stalled(pid) for pid, watch in watches.items()}
             time.sleep(0.25)
-        assert said == {sleeping.pid: True, busy.pid: False}
+        assert said == {sleeping.pid: True, busy.pid: False, delegating.pid: False}
     finally:
         sleeping.kill()
         busy.kill()
+        os.killpg(delegating.pid, signal.SIGKILL)
+        for p in (sleeping, busy, delegating):
+            p.wait()
 
 
 def test_the_main_threads_place_is_read_from_a_dump():

@@ -1,8 +1,9 @@
 """A probe's child process that stopped working: its CPU time stood still (a deadlock, a wait that never ends),
 told apart from one that is merely slow, and what each of its threads was doing when it was found.
 
-Idleness reads the process's CPU time from outside; the probe's own threads in an idle child use about 2% of a
-core (measured: a child sleeping under the gil probe), so under IDLE_SHARE of a core for stall_s is a stall.
+Idleness reads the CPU time of the process and its children from outside; the probe's own threads in an idle
+child use about 2% of a core (measured: a child sleeping under the gil probe), so under IDLE_SHARE of a core
+for stall_s is a stall.
 stack_dump is the evidence: py-spy's Python stacks (with native frames where it can) and, from /proc, each
 thread's scheduler state and kernel wait channel.
 """
@@ -22,7 +23,7 @@ IDLE_SHARE = 0.05  # of one core
 
 
 class Idleness:
-    """Watches one process's CPU time: stalled() once it has used under IDLE_SHARE of a core for stall_s."""
+    """Watches one process tree's CPU time: stalled() once it has used under IDLE_SHARE of a core for stall_s."""
 
     def __init__(self, stall_s: float) -> None:
         self.stall_s = stall_s
@@ -32,10 +33,10 @@ class Idleness:
     def stalled(self, pid: int) -> bool:
         """Take a reading of pid; whether its CPU time has stood still (to IDLE_SHARE) for stall_s."""
         try:
-            times = psutil.Process(pid).cpu_times()
+            cpu = tree_cpu_s(pid)
         except psutil.Error:
             return False
-        now, cpu = time.monotonic(), times.user + times.system
+        now = time.monotonic()
         if pid != self._pid:
             self._pid, self._readings = pid, deque()
         self._readings.append((now, cpu))
@@ -43,6 +44,22 @@ class Idleness:
             self._readings.popleft()  # keep the newest reading at least stall_s old
         since, cpu_then = self._readings[0]
         return now - since >= self.stall_s and cpu - cpu_then < IDLE_SHARE * (now - since)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of pid and every process under it, the finished ones it has waited for included (a
+    workload whose work runs in its children is not idle)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root] + root.children(recursive=True):
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            if process is root:
+                raise
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def stack_dump(pid: int, pyspy: str | None, timeout_s: float = 20.0) -> str:
