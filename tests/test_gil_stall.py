@@ -62,9 +62,7 @@ def test_the_main_threads_place_is_read_from_a_dump():
 
 
 def test_a_workload_hung_with_the_gil_is_run_twice_and_named_where_it_hung(probe, quick):
-    start = time.monotonic()
     feedback = probe("gil_cases:hung", timeout_s=40, stall_s=STALL_S)
-    elapsed = time.monotonic() - start
     assert feedback.verdict == "inconclusive"
     assert feedback.finding.startswith("inconclusive: stuck: the workload's process did no CPU work for 3 s and "
                                        "did not stop when interrupted (both tries)"), feedback.finding
@@ -73,7 +71,7 @@ def test_a_workload_hung_with_the_gil_is_run_twice_and_named_where_it_hung(probe
         assert '"MainThread"' in feedback.details["stack_dump"]
     assert "waiting in" in feedback.details["stack_dump"]  # each thread's kernel wait channel, from /proc
     assert feedback.evidence and feedback.evidence[0].path.endswith("stuck-2.txt")
-    assert elapsed < 35, elapsed  # found idle after seconds, not at the 40 s budget
+    assert "was still running at budget_s" not in feedback.finding  # found idle, not at the 40 s budget
 
 
 def test_a_workload_that_hangs_once_is_run_again_and_judged(probe, quick, monkeypatch, tmp_path):
@@ -86,8 +84,7 @@ def test_a_workload_that_hangs_once_is_run_again_and_judged(probe, quick, monkey
 
 
 def test_an_idle_workload_that_hears_the_interrupt_gives_what_it_had_as_stalled(probe, quick):
-    start = time.monotonic()
     feedback = probe("gil_cases:idle", timeout_s=40, stall_s=STALL_S)
     assert feedback.verdict == "inconclusive"
     assert feedback.finding.startswith("inconclusive: stalled: the workload did no CPU work for 3 s"), feedback.finding
-    assert time.monotonic() - start < 20
+    assert feedback.details["stalled_s"] == STALL_S  # interrupted as idle, not at the budget
