@@ -11,12 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infragent.analysis.breakdown import breakdown, kernel_kind, temporal_breakdown
+from infragent.analysis.breakdown import breakdown
+from infragent.analysis.gpu_overlap import comm_comp_overlap
+from infragent.analysis.gpu_time import temporal_breakdown
 from infragent.analysis.critical_path import critical_path
 from infragent.analysis.diff import amdahl, diff
 from infragent.analysis.idle import idle
 from infragent.analysis.intervals import gaps, intersect, length, merge, overlap_ns
-from infragent.analysis.overlap import comm_comp_overlap, never_overlapping, overlap
+from infragent.analysis.kernel_names import hta_kind
+from infragent.analysis.overlap import never_overlapping, overlap
 from infragent.analysis.trace_load import columns_from_trace, load_columns
 from infragent.trace import Recorder, span
 from infragent.trace_model import TraceFormatError
@@ -172,7 +175,7 @@ def test_breakdown_inclusive_exclusive_and_phase(tmp_path):
 
 
 def test_hta_conventions_on_a_hand_computed_gpu_trace(tmp_path):
-    assert [kernel_kind(n) for n in ("ncclDevKernel_AllReduce", "Memcpy HtoD", "Memset (Device)", "sgemm",
+    assert [hta_kind(n) for n in ("ncclDevKernel_AllReduce", "Memcpy HtoD", "Memset (Device)", "sgemm",
                                      "cudaMemcpyKernel", "waitSync")] == \
         ["communication", "memory", "memory", "computation", "other", "other"]
     gpu = [X("sgemm", 0, 10, tid=7, pid=0, cat="kernel"), X("relu", 10, 5, tid=7, pid=0, cat="kernel"),

@@ -1,14 +1,12 @@
-"""Where the time goes: inclusive and exclusive time per span name, category, track or phase; top-N; and
-HTA's temporal breakdown of GPU time (compute, non-compute, idle) with its kernel conventions.
+"""Where the time goes: inclusive and exclusive time per span name, category, track or phase; top-N.
+GPU time (idle, compute, non-compute) is gpu_time.py's.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from infragent.analysis.intervals import merge
 from infragent.analysis.trace_columns import TraceColumns
 
 PHASES = ("prefill", "decode")
@@ -99,56 +97,3 @@ def _outermost_same(c: TraceColumns, parent: np.ndarray) -> np.ndarray:
         keep[same] = -1
         ancestor[live] = parent[ancestor[live]]
     return keep
-
-
-NCCL = re.compile(r"nccl.*Kernel")
-MEMORY = re.compile(r"Memcpy|Memset|dma")
-
-
-def kernel_kind(name: str) -> str:
-    """HTA's kernel classes: communication (NCCL kernels), memory (Memcpy/Memset/dma), computation, other."""
-    if NCCL.match(name):
-        return "communication"
-    if MEMORY.match(name):
-        return "memory"
-    if "Memcpy" in name or "Sync" in name:  # HTA leaves these out of computation without calling them memory
-        return "other"
-    return "computation"
-
-
-KERNEL_KINDS = ("computation", "communication", "memory", "other")
-
-
-def kernel_kinds(c: TraceColumns) -> dict[str, np.ndarray]:
-    """Masks of GPU events by kernel kind."""
-    codes = np.asarray([KERNEL_KINDS.index(kernel_kind(n)) for n in c.names] or [0], np.int8)
-    by_name = np.where(c.gpu(), codes[c.name], -1) if len(c) else np.zeros(0, np.int8)
-    return {kind: by_name == k for k, kind in enumerate(KERNEL_KINDS)}
-
-
-@dataclass
-class TemporalBreakdown:
-    """GPU time split as HTA does: kernel time is first kernel start to last kernel end."""
-
-    kernel_ns: int
-    idle_ns: int
-    compute_ns: int
-    non_compute_ns: int
-
-    def pct(self, part: str) -> float:
-        """Percentage of kernel time."""
-        return 100.0 * getattr(self, f"{part}_ns") / self.kernel_ns if self.kernel_ns else 0.0
-
-
-def temporal_breakdown(c: TraceColumns) -> TemporalBreakdown:
-    """Idle, compute and non-compute GPU time (merged across streams)."""
-    gpu = c.gpu()
-    busy_s, busy_e = merge(c.start[gpu], c.end[gpu])
-    if busy_s.size == 0:
-        return TemporalBreakdown(0, 0, 0, 0)
-    kernel = int(busy_e[-1] - busy_s[0])
-    idle = kernel - int((busy_e - busy_s).sum())
-    comp = kernel_kinds(c)["computation"]
-    cs, ce = merge(c.start[comp], c.end[comp])
-    compute = int((ce - cs).sum())
-    return TemporalBreakdown(kernel, idle, compute, kernel - compute - idle)

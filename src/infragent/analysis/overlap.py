@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infragent.analysis.breakdown import kernel_kinds, parents
-from infragent.analysis.intervals import covered, intersect, length, merge, overlap_ns
+from infragent.analysis.breakdown import parents
+from infragent.analysis.intervals import covered, length, merge, overlap_ns
 from infragent.analysis.trace_columns import TraceColumns
 
 NEVER_BELOW = 0.01  # "never overlaps": under 1% of the smaller side's busy time (span edges blur a handoff)
@@ -153,8 +153,8 @@ def matrix(c: TraceColumns, by: str = "cat", top: int = 6) -> tuple[list[str], n
 
 def never_overlapping(c: TraceColumns, top: int = 12, min_share: float = 0.01,
                       min_thread_share: float = 1e-4) -> list[Overlap]:
-    """Pairs of span names on different threads, each over min_share of its own thread's busy time, both busy
-    in the same stretch of time, that (almost) never ran at the same time.
+    """Pairs of span names on different threads of one process, each over min_share of its own thread's busy time,
+    both busy in the same stretch of time, that (almost) never ran at the same time. GPU streams take no part.
 
     A starved thread may be tiny next to the busiest one (a KV transfer of a few ms beside seconds of GEMM),
     so names are taken per thread, round robin: each thread's largest name first, then each one's second,
@@ -162,13 +162,15 @@ def never_overlapping(c: TraceColumns, top: int = 12, min_share: float = 0.01,
     """
     if not len(c):
         return []
+    threads = np.asarray([t.kind == "thread" for t in c.tracks])
     busy_by_track = np.bincount(c.track[c.depth == 0], weights=(c.end - c.start)[c.depth == 0],
-                                minlength=len(c.tracks))
+                                minlength=len(c.tracks)) * threads  # GPU streams have no GIL to starve on
     pairs, inverse = np.unique(np.stack([c.name, c.track], axis=1), axis=0, return_inverse=True)
     inverse = inverse.ravel()
     summed = np.bincount(inverse, weights=c.end - c.start, minlength=len(pairs))  # >= busy time
     ranked = []  # (rank within its thread, -summed, pair)
-    for track in np.flatnonzero(busy_by_track >= min_thread_share * busy_by_track.max()).tolist():
+    for track in np.flatnonzero((busy_by_track > 0) &
+                                (busy_by_track >= min_thread_share * busy_by_track.max())).tolist():
         on_track = np.flatnonzero(pairs[:, 1] == track)
         on_track = on_track[np.argsort(-summed[on_track])]
         ranked += [(rank, -summed[k], int(k)) for rank, k in enumerate(on_track.tolist())
@@ -185,7 +187,7 @@ def never_overlapping(c: TraceColumns, top: int = 12, min_share: float = 0.01,
     found = []
     for i, (_, na, ta, ma) in enumerate(candidates):
         for _, nb, tb, mb in candidates[i + 1:]:
-            if ta == tb:
+            if ta == tb or c.tracks[ta].pid != c.tracks[tb].pid:  # one GIL per process
                 continue
             first, second = ((ma, na, ta), (mb, nb, tb))
             share_a, share_b = cpu_share(c, ma), cpu_share(c, mb)
@@ -196,15 +198,3 @@ def never_overlapping(c: TraceColumns, top: int = 12, min_share: float = 0.01,
             if result.never:
                 found.append(result)
     return found
-
-
-def comm_comp_overlap(c: TraceColumns) -> float:
-    """HTA's communication/computation overlap: merged comm time that compute kernels overlap, as a percentage."""
-    kinds = kernel_kinds(c)
-    comm = merge(c.start[kinds["communication"]], c.end[kinds["communication"]])
-    comp = merge(c.start[kinds["computation"]], c.end[kinds["computation"]])
-    comm_ns = int((comm[1] - comm[0]).sum())
-    if not comm_ns:
-        return 0.0
-    s, e = intersect(comm, comp)
-    return 100.0 * float((e - s).sum()) / comm_ns

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from infragent.analysis.kineto import BOOKKEEPING
 from infragent.analysis.trace_columns import GPU_CATEGORIES, Track, TraceColumns
 from infragent.analysis.trace_read import NO_ARGS, ONE_EVENT, TraceEvent
 from infragent.trace_model import CPU_NS_KEY, Trace, TraceFormatError
@@ -105,8 +106,7 @@ class ColumnBuilder:
 
     def finish(self, meta: dict[str, Any]) -> TraceColumns:
         """The sorted columns, with B/E intervals, thread names, counters and flows."""
-        threads = {(e.pid, e.tid): str(msgspec.json.decode(e.args).get("name", ""))
-                   for _, e in self.rare if e.ph == "M" and e.name == "thread_name"}
+        threads = {(e.pid, e.tid): _name_arg(e) for _, e in self.rare if e.ph == "M" and e.name == "thread_name"}
         begins, ends = self._begin_end()
         ts = np.concatenate(self.chunks["ts"] + [begins])
         dur = np.concatenate(self.chunks["dur"] + [ends - begins])
@@ -125,7 +125,7 @@ class ColumnBuilder:
                                depth=np.zeros(start.size, np.int16), args=self.args if self.keep_args else None,
                                counters=self._counters(origin), meta=dict(meta, ts_origin_ns=int(origin * 1000)),
                                source=self.source)
-        columns = _sorted(columns, self.names, self.cats)
+        columns = _sorted(_without_bookkeeping(columns), self.names, self.cats)
         columns.flows = self._flows(columns, origin)
         return columns
 
@@ -175,36 +175,69 @@ class ColumnBuilder:
 
     def _flows(self, columns: TraceColumns, origin: float) -> np.ndarray:
         """Flow arrows (s → f, by id and category) bound to the events that enclose their endpoints."""
-        sources: dict[tuple[str, Any], int] = {}
-        pairs = []
-        for _, e in self.rare:
-            if e.ph not in ("s", "t", "f") or e.id is None or (e.pid, e.tid) not in self.track_ids:
-                continue
-            row = _enclosing(columns, self.track_ids[(e.pid, e.tid)], int(_ns(np.asarray([e.ts]), origin)[0]))
-            if row < 0:
-                continue
-            if e.ph == "s":
-                sources[(e.cat, e.id)] = row
-            elif (e.cat, e.id) in sources:
-                pairs.append((sources[(e.cat, e.id)], row))
+        track_of = {(t.pid, t.tid): i for i, t in enumerate(columns.tracks)}
+        points = [e for _, e in self.rare if e.ph in ("s", "t", "f") and e.id is not None
+                  and (_int(e.pid), _int(e.tid)) in track_of]
+        tracks = np.asarray([track_of[(_int(e.pid), _int(e.tid))] for e in points], np.int64)
+        rows = _bound_rows(columns, tracks, _ns(np.asarray([e.ts for e in points], float), origin))
+        sources = {(e.cat, e.id): row for e, row in zip(points, rows.tolist()) if e.ph == "s" and row >= 0}
+        # Kineto writes a kernel's flow end before its launch's flow start: pair them once all are read
+        pairs = [(sources[(e.cat, e.id)], row) for e, row in zip(points, rows.tolist())
+                 if e.ph != "s" and row >= 0 and (e.cat, e.id) in sources]
         return np.asarray(pairs, np.int64).reshape(-1, 2)
 
 
-def _enclosing(columns: TraceColumns, track: int, ts: int) -> int:
-    """The deepest event on a track whose interval holds ts (or starts at it); -1 when none."""
+def _bound_rows(columns: TraceColumns, tracks: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """The event each flow endpoint binds to: the shortest one starting exactly there (Kineto binds flows to
+    event starts; one search per track), else the deepest one enclosing it."""
+    rows = np.full(ts.size, -1, np.int64)
+    for t in np.unique(tracks).tolist():
+        mine = np.flatnonzero(tracks == t)
+        lo, hi = np.searchsorted(columns.track, [t, t + 1])
+        i = np.searchsorted(columns.start[lo:hi], ts[mine], side="right") - 1 + lo
+        exact = (i >= lo) & (columns.start[np.maximum(i, 0)] == ts[mine])
+        rows[mine[exact]] = i[exact]
+    top = np.flatnonzero(columns.depth == 0)
+    for k in np.flatnonzero(rows < 0).tolist():
+        rows[k] = _enclosing(columns, top, int(tracks[k]), int(ts[k]))
+    return rows
+
+
+def _without_bookkeeping(columns: TraceColumns) -> TraceColumns:
+    """The columns without the profiler's own events (Kineto's `Trace` and `overhead`) and the tracks only they
+    were on, so that no analysis counts them as the program's work."""
+    drop = np.isin(columns.cat, np.asarray([i for i, s in enumerate(columns.cats) if s in BOOKKEEPING], np.int32))
+    if not drop.any():
+        return columns
+    keep = np.flatnonzero(~drop)
+    used = np.unique(columns.track[keep])
+    renumber = np.full(len(columns.tracks), -1, np.int32)
+    renumber[used] = np.arange(used.size, dtype=np.int32)
+    args = [columns.args[i] for i in keep.tolist()] if columns.args is not None else None
+    meta = dict(columns.meta, dropped_events={columns.cats[k]: int(n) for k, n in
+                                              zip(*np.unique(columns.cat[drop], return_counts=True))})
+    return TraceColumns(columns.names, columns.cats, [columns.tracks[i] for i in used.tolist()],
+                        columns.name[keep], columns.cat[keep], renumber[columns.track[keep]], columns.start[keep],
+                        columns.end[keep], depth=np.zeros(keep.size, np.int16), args=args,
+                        counters=columns.counters, meta=meta, source=columns.source)
+
+
+def _enclosing(columns: TraceColumns, top: np.ndarray, track: int, ts: int) -> int:
+    """The deepest event on a track whose interval holds ts (or starts at it); -1 when none.
+
+    Only the rows from the last top-level event starting at or before ts (top: the rows of depth 0) can hold it:
+    top-level events do not overlap, so everything before that one ended earlier."""
     lo, hi = np.searchsorted(columns.track, [track, track + 1])
     i = int(np.searchsorted(columns.start[lo:hi], ts, side="right")) - 1 + lo
-    best = -1
-    while i >= lo:
-        if columns.end[i] > ts or columns.start[i] == ts:
-            if best < 0 or columns.depth[i] > columns.depth[best]:
-                best = i
-            if columns.depth[i] == 0:
-                break
-        elif columns.depth[i] == 0:
-            break
-        i -= 1
-    return best
+    if i < lo:
+        return -1
+    j = max(int(top[max(int(np.searchsorted(top, i, side="right")) - 1, 0)]) if top.size else lo, lo)
+    j = j if j <= i else lo
+    ok = (columns.end[j:i + 1] > ts) | (columns.start[j:i + 1] == ts)
+    if not ok.any():
+        return -1
+    depth = np.where(ok, columns.depth[j:i + 1].astype(np.int64), -1)
+    return j + int(depth.size - 1 - np.argmax(depth[::-1]))
 
 
 def _sorted(columns: TraceColumns, names: dict, cats: dict) -> TraceColumns:
@@ -244,8 +277,18 @@ def _ns(us: np.ndarray, origin: float) -> np.ndarray:
     return np.rint(us, out=us).astype(np.int64)
 
 
+def _name_arg(e: TraceEvent) -> str:
+    """A metadata event's args.name ('' when its args are not an object or name no name)."""
+    args = msgspec.json.decode(e.args)
+    return str(args.get("name") or "") if isinstance(args, dict) else ""
+
+
 def _int(value: Any) -> int:
+    """A pid or tid as an int64 (strings and ints past int64, as in a mangled file, by their hash)."""
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError):
-        return zlib.crc32(str(value).encode()) & 0x7FFFFFFF
+        number = None
+    if number is not None and -(1 << 63) <= number < (1 << 63):
+        return number
+    return zlib.crc32(str(value).encode()) & 0x7FFFFFFF

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Union
 import msgspec
 
 from infragent.analysis.forked import start_in_child
+from infragent.analysis.trace_read import file_meta
 
 NAN = float("nan")
 _RAW = msgspec.Raw(b"{}")
@@ -66,6 +67,8 @@ class _Frame(msgspec.Struct, gc=False):
     traceEvents: list[msgspec.Raw]
     otherData: dict[str, Any] | None = None
     baseTimeNanoseconds: int | None = None
+    deviceProperties: list[Any] | None = None
+    distributedInfo: dict[str, Any] | None = None
 
 
 def open_private(path: str) -> mmap.mmap:
@@ -105,10 +108,7 @@ def _frame(data: mmap.mmap) -> tuple[int | None, int, dict[str, Any]]:
         except msgspec.DecodeError:
             close = data.rfind(b"]", tail_from, close)
             continue
-        meta = dict(frame.otherData or {})
-        if frame.baseTimeNanoseconds is not None:
-            meta["baseTimeNanoseconds"] = frame.baseTimeNanoseconds
-        return start, close, meta
+        return start, close, file_meta(frame)
     return None, 0, {}
 
 

@@ -44,6 +44,8 @@ class TraceFile(msgspec.Struct, gc=False):
     otherData: dict[str, Any] | None = None
     baseTimeNanoseconds: int | None = None
     displayTimeUnit: str | None = None
+    deviceProperties: list[Any] | None = None  # Kineto: one object per GPU (name, SMs, memory)
+    distributedInfo: dict[str, Any] | None = None  # Kineto: rank and world size of a distributed run
 
 
 def read_bytes(path: Path) -> bytes | mmap.mmap:
@@ -65,8 +67,35 @@ def read_bytes(path: Path) -> bytes | mmap.mmap:
     try:
         return gzip.decompress(raw)
     except (EOFError, OSError, zlib.error) as err:
-        raise TraceFormatError(f"{path}: broken gzip data ({err}); the compressed file is {len(raw)} bytes, "
-                               "probably truncated: re-export or re-copy it") from None
+        raise TraceFormatError(f"{path}: broken gzip data: {_gzip_break(raw) or err}; re-export or re-copy "
+                               "the file") from None
+
+
+def _gzip_break(raw: bytes, step: int = 1 << 14) -> str | None:
+    """Where and how gzip data breaks, by its byte offset in the compressed file (None when it does not):
+    decompressed again a chunk at a time, then byte by byte from the last good chunk's state."""
+    at = 0
+    while at < len(raw):
+        member, pos = zlib.decompressobj(31), at
+        while pos < len(raw) and not member.eof:
+            saved = member.copy()
+            try:
+                member.decompress(raw[pos:pos + step])
+            except zlib.error as err:
+                for k in range(pos, min(pos + step, len(raw))):
+                    try:
+                        saved.decompress(raw[k:k + 1])
+                    except zlib.error:
+                        return f"corrupt at byte {k} of {len(raw)} ({str(err).split(': ')[-1]})"
+                return f"corrupt at bytes {pos}-{min(pos + step, len(raw))} of {len(raw)} ({err})"
+            pos += step
+        if not member.eof:
+            return (f"truncated: the compressed data ends at byte {len(raw)} before the end of its gzip stream "
+                    "(was the copy or the export cut short?)")
+        at = min(pos, len(raw)) - len(member.unused_data)
+        if at < len(raw) and raw[at:at + 2] != b"\x1f\x8b":
+            return f"bytes {at}-{len(raw)} after the end of the gzip stream are not gzip data"
+    return None
 
 
 def split_events(data: bytes, source: str) -> tuple[list[msgspec.Raw], dict[str, Any]]:
@@ -80,13 +109,22 @@ def split_events(data: bytes, source: str) -> tuple[list[msgspec.Raw], dict[str,
             return _split_array(data), {}
         file = msgspec.json.decode(data, type=TraceFile)
     except msgspec.ValidationError as err:
+        if str(err).startswith("Object missing required field `traceEvents`"):
+            raise TraceFormatError(f"{source}: traceEvents: missing; a Chrome trace object holds its events in a "
+                                   "'traceEvents' list") from None
         raise TraceFormatError(f"{source}: {_where(str(err))}") from None
     except msgspec.DecodeError as err:
         raise TraceFormatError(f"{source}: {_decode_message(err, data)}") from None
+    return file.traceEvents, file_meta(file)
+
+
+def file_meta(file: Any) -> dict[str, Any]:
+    """The metadata around the events: otherData, and Kineto's clock base, GPUs and distributed rank."""
     meta = dict(file.otherData or {})
-    if file.baseTimeNanoseconds is not None:
-        meta["baseTimeNanoseconds"] = file.baseTimeNanoseconds
-    return file.traceEvents, meta
+    for key in ("baseTimeNanoseconds", "deviceProperties", "distributedInfo"):
+        if getattr(file, key, None) is not None:
+            meta[key] = getattr(file, key)
+    return meta
 
 
 def _split_array(data: bytes) -> list[msgspec.Raw]:

@@ -2,21 +2,27 @@
 path, and with a baseline the diff with its attribution and Amdahl cross-check.
 
 The verdict is "fail" when the trace shows a signature worth acting on (a pair of spans on different
-threads that never overlapped, or an asked-for overlap under 1%), "pass" otherwise.
+threads of one process that never overlapped, an asked-for overlap under 1%, or a GPU waiting on the host),
+"pass" otherwise. A GPU trace (Kineto) gets analyze_gpu.py's reading first: time, idle explained, kernels,
+overlap across streams; its spans breakdown is then the host's.
 """
 from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
 
-from infragent.analysis.breakdown import breakdown, temporal_breakdown
+import numpy as np
+
+from infragent.analysis.breakdown import breakdown
 from infragent.analysis.critical_path import critical_path
 from infragent.analysis.diff import diff
 from infragent.analysis.idle import idle
 from infragent.analysis.moe import describe, moe_balance
-from infragent.analysis.overlap import comm_comp_overlap, matrix, never_overlapping, overlap
+from infragent.analysis.kineto import NOT_WORK, category_mask
+from infragent.analysis.overlap import matrix, never_overlapping, overlap
 from infragent.analysis.trace_columns import TraceColumns
 from infragent.analysis.trace_load import load_columns
+from infragent.probes.analyze_gpu import read_gpu
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Evidence, Feedback, Measure
 
@@ -31,17 +37,20 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
     details: dict = {"source": c.source, "events": len(c), "tracks": [c.track_label(i) for i in range(len(c.tracks))]}
     findings: list[str] = []
     signature = False
-    rows = breakdown(c, "name", top=top)
+    gpu = read_gpu(c, top=top)
+    host = _host_rows(c) if gpu is not None else None  # on a GPU trace, spans are the host's; kernels are below
+    rows = breakdown(c, "name", top=top, mask=host)
     details["top_spans"] = [asdict(r) for r in rows]
     details["by_track"] = [asdict(r) for r in breakdown(c, "track")]
-    details["by_phase"] = [asdict(r) for r in breakdown(c, "phase")]
+    details["by_phase"] = [asdict(r) for r in breakdown(c, "phase", mask=host)]
+    if gpu is not None:
+        numbers.update(gpu.numbers)
+        findings.extend(gpu.findings)
+        details["gpu"] = {**gpu.details, "hypotheses": gpu.hypotheses}
+        signature |= gpu.signature
     if rows:
-        findings.append(f"top span {rows[0].key!r} {rows[0].share:.0%} of busy time")
-    if c.gpu().any():
-        tb = temporal_breakdown(c)
-        for part in ("compute", "non_compute", "idle"):
-            numbers[f"gpu_{part}_pct"] = Measure(round(tb.pct(part), 2), "%")
-        numbers["comm_comp_overlap_pct"] = Measure(round(comm_comp_overlap(c), 2), "%")
+        findings.append(f"top {'host ' if gpu is not None else ''}span {rows[0].key!r} {rows[0].share:.0%} of "
+                        f"{'host ' if gpu is not None else ''}busy time")
     balance = moe_balance(c)
     if balance is not None:
         details["moe"] = {**asdict(balance), "rank_imbalance": balance.rank_imbalance}
@@ -73,7 +82,7 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
                         f"{o.b_busy_ns / 1e6:.1f} ms in the same stretch; open at the same time "
                         f"{o.overlap_ns / 1e6:.2f} ms of wall time{running})")
     signature |= bool(never)
-    gaps = idle(c)
+    gaps = [t for t in idle(c) if t.kind == "thread"] if gpu is not None else idle(c)  # streams: gpu_idle's
     details["idle"] = [asdict(t) for t in gaps]
     if gaps and gaps[0].idle_share > 0.05:
         kinds = ", ".join(f"{k} {v / 1e6:.1f} ms" for k, v in gaps[0].by_kind.items())
@@ -99,7 +108,14 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
         evidence.insert(0, Evidence.of(trace, "the analyzed trace"))
     return Feedback("analyze", "fail" if signature else "pass", "; ".join(findings) or "empty trace",
                     numbers=numbers, locality={"trace": c.source, "baseline": getattr(vs, "source", str(vs)) if vs else None},
-                    evidence=evidence, next_probes=_next(never, gaps), details=details)
+                    evidence=evidence, next_probes=(gpu.next_probes if gpu else []) + _next(never, gaps),
+                    details=details)
+
+
+def _host_rows(c: TraceColumns) -> np.ndarray:
+    """Events on host threads, without Kineto's GPU-side annotations."""
+    threads = np.asarray([t.kind == "thread" for t in c.tracks] or [False])
+    return threads[c.track] & ~category_mask(c, NOT_WORK) if len(c) else np.zeros(0, bool)
 
 
 def _overlap_dict(o) -> dict:  # noqa: ANN001
