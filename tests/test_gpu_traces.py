@@ -203,3 +203,26 @@ def test_gpu_user_annotations_are_not_work(tmp_path):
               {"ph": "X", "cat": "gpu_user_annotation", "name": "forward", "pid": 0, "tid": 7, "ts": 1, "dur": 99}]
     tb = temporal_breakdown(load_columns(_write(tmp_path, events)))
     assert (tb.kernel_ns, tb.idle_ns, tb.compute_ns) == (99_000, 81_000, 18_000)
+
+
+def test_a_launch_bound_trace_poses_hypotheses_on_the_knobs_that_can_move_it(tmp_path):
+    from infragent.agent.hypotheses import from_analysis
+    from infragent.lab.spec import Knob
+
+    knobs = {"enforce_eager": Knob(type="bool"), "max_num_seqs": Knob(type="int", domain=[1, 256]),
+             "block_size": Knob(type="choice", domain=[16, 32])}
+    found = from_analysis(analyze(_eager_half(tmp_path)), knobs)
+    by_remedy = {h.locality.get("remedy"): h for h in found if h.locality.get("bound") == "host-bound"}
+    assert by_remedy["CUDA graphs"].knobs == ["enforce_eager"]
+    assert by_remedy["larger batches"].knobs == ["max_num_seqs"]
+    assert by_remedy["CUDA graphs"].probe == "local_ab" and by_remedy["fusion"].probe == "record"
+    assert not any(h.probe == "gil" for h in found)
+
+
+def test_the_analyze_page_draws_the_gpu(tmp_path):
+    from infragent.report.probe_page import write_probe_page
+
+    page = write_probe_page(analyze(_trace("mlp_eager_vs_cudagraph")), tmp_path / "a.html").read_text()
+    assert "GPU 0: idle 20.9 of 23.7 ms, by cause" in page and "The host&#x27;s side" in page
+    assert "vectorized_elementwise_kernel[gelu]" in page and "GeluCUDAKernelImpl" in page  # full name in the tip
+    assert "<td>graphed</td><td>graph</td>" in page and "<td>eager</td><td>eager</td>" in page

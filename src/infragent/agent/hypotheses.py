@@ -38,7 +38,9 @@ class Hypothesis:
 
 
 def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis]:
-    """Hypotheses from an `analyze` Feedback: top spans, never-overlapping pairs, idle threads."""
+    """Hypotheses from an `analyze` Feedback: top spans, never-overlapping pairs, and a GPU trace's own (the GPU
+    waiting on the host → CUDA graphs, larger batches, fusion, fewer syncs; copies in the open), each with the
+    knobs whose names say they can move it."""
     found: list[Hypothesis] = []
     for row in analysis.details.get("top_spans", []):
         if row["share"] < TOP_SHARE:
@@ -56,6 +58,13 @@ def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis
             spans=[pair["a"].split(" @ ")[0], pair["b"].split(" @ ")[0]], knobs=[], probe="gil",
             predicted="overlapping them hides the shorter one's time",
             evidence=[f"overlap {pair['overlap_ns'] / 1e6:.2f} ms of {pair['a_busy_ns'] / 1e6:.1f} ms"]))
+    for gpu in analysis.details.get("gpu", {}).get("hypotheses", []):
+        words = gpu.get("knob_words", [])
+        moving = [n for n, k in knobs.items() if any(w in x.lower() for w in words for x in [n, *k.touches])]
+        found.append(Hypothesis(claim=gpu["claim"], spans=[], knobs=moving,
+                                probe="local_ab" if moving else gpu["probe"],
+                                predicted=gpu["predicted"], evidence=list(gpu["evidence"]),
+                                locality={"remedy": gpu["remedy"], "bound": gpu["kind"]}))
     return found
 
 

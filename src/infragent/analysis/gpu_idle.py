@@ -76,6 +76,7 @@ class DeviceIdle:
     idle_ns: int
     by_cause: dict[str, int]
     host_parts: dict[str, int]  # the host-caused idle split by what the launching thread did
+    after_sync_ns: int = 0  # host-caused idle in gaps that began while the launching thread sat in a sync call
     largest: list[Gap] = field(default_factory=list)
     streams: list[StreamIdle] = field(default_factory=list)
     launch: LaunchStats | None = None
@@ -103,12 +104,13 @@ def gpu_idle(c: TraceColumns, launched: Launches | None = None, keep: int = 5) -
         g0, g1, nxt, prev = _gaps(c, rows)
         after_other = (c.track[prev] != c.track[nxt]) & (g1 - g0 <= DEPENDENCY_SLACK_NS)
         cause = _causes(c, g0, g1, nxt, launched, sync, after_other)
-        parts = _host_parts(c, g0[cause == "host"], g1[cause == "host"], launched.launch[nxt[cause == "host"]], sync)
+        parts, after_sync = _host_parts(c, g0[cause == "host"], g1[cause == "host"],
+                                        launched.launch[nxt[cause == "host"]], sync)
         window = int(c.end[rows].max() - c.start[rows].min())
         order = np.argsort(-(g1 - g0), kind="stable")[:keep]
         largest = [Gap(int(g0[i]), int(g1[i]), str(cause[i]), short_name(c.names[c.name[nxt[i]]])) for i in order]
-        result.append(DeviceIdle(int(d), window, int((g1 - g0).sum()), _sums(g1 - g0, cause, CAUSES), parts, largest,
-                                 _streams(c, rows, launched, sync), launch_stats(c, rows, launched)))
+        result.append(DeviceIdle(int(d), window, int((g1 - g0).sum()), _sums(g1 - g0, cause, CAUSES), parts,
+                                 after_sync, largest, _streams(c, rows, launched, sync), launch_stats(c, rows, launched)))
     return result
 
 
@@ -146,9 +148,11 @@ def _causes(c: TraceColumns, g0: np.ndarray, g1: np.ndarray, nxt: np.ndarray, la
 
 
 def _host_parts(c: TraceColumns, g0: np.ndarray, g1: np.ndarray, calls: np.ndarray,
-                sync: np.ndarray) -> dict[str, int]:
-    """Host-caused idle split by what the launching thread did: sync calls, launch calls, Python/CPU code."""
+                sync: np.ndarray) -> tuple[dict[str, int], int]:
+    """Host-caused idle split by what the launching thread did (sync calls, launch calls, Python/CPU code), and
+    the part of it in gaps that began inside a sync call (the host drained the queue, then had to refill it)."""
     parts = dict.fromkeys(HOST_PARTS, 0)
+    after_sync = 0
     api = category_mask(c, HOST_CALLS)
     for thread in np.unique(c.track[calls]).tolist():
         mine = c.track[calls] == thread
@@ -160,7 +164,9 @@ def _host_parts(c: TraceColumns, g0: np.ndarray, g1: np.ndarray, calls: np.ndarr
         parts["sync"] += int(in_sync.sum())
         parts["launch"] += int(np.minimum(in_api, before - a - in_sync).sum() + (b - before).sum())
         parts["python/cpu"] += int(np.maximum(before - a - in_sync - in_api, 0).sum())
-    return parts
+        began_in_sync = covered(a, a + 1, merge(c.start[sync & on], c.end[sync & on])) > 0
+        after_sync += int((b - a)[began_in_sync].sum())
+    return parts, after_sync
 
 
 def _streams(c: TraceColumns, rows: np.ndarray, launched: Launches, sync: np.ndarray) -> list[StreamIdle]:

@@ -143,10 +143,12 @@ def _launch_bound_hypotheses(r: GpuReading, d: DeviceIdle, parts: dict[str, floa
                          "claim": "fewer, larger kernels (fusion: torch.compile or fused ops) cut launches per step",
                          "probe": "record", "predicted": bound, "evidence": evidence,
                          "knob_words": ["compile", "fuse", "fusion"]})
-    if parts.get("sync", 0) >= SYNC_SHARE:
+    drained = d.after_sync_ns / max(d.by_cause.get("host", 0), 1)
+    if parts.get("sync", 0) >= SYNC_SHARE or drained >= SYNC_SHARE:
         r.hypotheses.append({"kind": "host-bound", "remedy": "fewer syncs",
-                             "claim": f"{parts['sync']:.0%} of the host's side of the idle time is in sync calls: "
-                                      "remove host syncs (.item(), .cpu(), synchronize) from the step",
+                             "claim": f"{drained:.0%} of the host-caused idle time follows a sync call (the host "
+                                      "waited for the GPU to drain, then had to refill it): remove host syncs "
+                                      "(.item(), .cpu(), synchronize) from the step or move them off its path",
                              "probe": "record", "predicted": bound, "evidence": evidence, "knob_words": ["sync"]})
     r.next_probes.append("infragent analyze TRACE_AFTER --vs THIS_TRACE (trace the step again with "
                          + " or ".join(h["remedy"] for h in r.hypotheses if h["kind"] == "host-bound")

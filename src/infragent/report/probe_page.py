@@ -33,7 +33,8 @@ def render_probe_page(fb: dict[str, Any]) -> str:
             + f"</td><td>{e(m.get('unit', ''))}</td></tr>" for name, m in numbers.items() if isinstance(m, dict)]
     summary = (f'<p class="big">{chip(fb["verdict"], fb["verdict"].upper())} {e(fb["finding"])}</p>'
                + table(["number", "value", "CI", "unit"], rows, css="numbers"))
-    drawn = {"loadgen": _loadgen, "analyze": _analyze, "bench": _bench}.get(fb["probe"], lambda _: [])(fb)
+    drawn = {"loadgen": _loadgen, "analyze": lambda f: _gpu(f) + _analyze(f), "bench": _bench}.get(
+        fb["probe"], lambda _: [])(fb)
     evidence = "".join(f'<li><a href="{e(Path(ev["path"]).resolve().as_uri())}">{e(ev["path"])}</a> '
                        f'{e(ev.get("description", ""))}</li>' for ev in fb.get("evidence", []) if ev.get("path"))
     sections = [("result", "Result", summary), *drawn,
@@ -87,6 +88,38 @@ def _analyze(fb: dict[str, Any]) -> list[tuple[str, str, str]]:
             + bars(spans, "Top spans by self time") + bars(phases, "By phase") + bars(threads, "By thread")
             + f"<h3>Timeline excerpt ({t.excerpt_ms:.2f} ms)</h3>" + timeline(t.excerpt, t.excerpt_ms))
     return [("trace", "Where the time goes", body)]
+
+
+def _gpu(fb: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A GPU trace: each device's idle time by cause, the host's side of it, work by kind, top kernels, steps."""
+    gpu = fb.get("details", {}).get("gpu")
+    if not gpu:
+        return []
+    body = ""
+    for d in gpu["idle"]:
+        idle = max(d["idle_ns"], 1)
+        host = max(sum(d["host_parts"].values()), 1)
+        body += (bars([(k, v / idle, f"{v / 1e6:.2f} ms, {v / idle:.0%}") for k, v in d["by_cause"].items() if v],
+                      f"GPU {d['device']}: idle {d['idle_ns'] / 1e6:.1f} of {d['window_ns'] / 1e6:.1f} ms, by cause")
+                 + bars([(k, v / host, f"{v / 1e6:.2f} ms") for k, v in d["host_parts"].items() if v],
+                        "The host's side of the host-caused idle time"))
+    kernels = gpu["kernels"]
+    body += bars([(k["kind"], k["share"], f"{k['total_ns'] / 1e6:.2f} ms, {k['count']} calls") for k in kernels["kinds"]],
+                 "GPU work by kind")
+    body += "<h3>Top kernels</h3>" + table(
+        ["kernel", "kind", "source", "calls", "total ms", "median µs", "share"],
+        [f"<tr><td title='{e(k['name'])}'>{e(k['short'])}</td><td>{e(k['kind'])}</td><td>{e(k['source'])}</td>"
+         f"<td class='num'>{k['count']}</td><td class='num'>{k['total_ns'] / 1e6:.3f}</td>"
+         f"<td class='num'>{k['median_ns'] / 1e3:.1f}</td><td class='num'>{k['share']:.1%}</td></tr>"
+         for k in kernels["top"]], sortable=True)
+    if gpu["steps"]:
+        body += "<h3>Steps</h3>" + table(["step", "name", "mode", "work", "GPU window ms", "idle", "copy under compute"], [
+            f"<tr><td class='num'>{s['index']}</td><td>{e(s['name'])}</td><td>{e(s['mode'])}</td>"
+            f"<td class='num'>{s['work']}</td><td class='num'>{s['window_ns'] / 1e6:.2f}</td>"
+            f"<td class='num'>{s['idle_share']:.0%}</td><td class='num'>"
+            + ("" if s["copy_overlap_share"] is None else f"{s['copy_overlap_share']:.0%}") + "</td></tr>"
+            for s in gpu["steps"]], sortable=True)
+    return [("gpu", "The GPU", body)]
 
 
 def _bench(fb: dict[str, Any]) -> list[tuple[str, str, str]]:
