@@ -226,3 +226,14 @@ def test_the_analyze_page_draws_the_gpu(tmp_path):
     assert "GPU 0: idle 20.9 of 23.7 ms, by cause" in page and "The host&#x27;s side" in page
     assert "vectorized_elementwise_kernel[gelu]" in page and "GeluCUDAKernelImpl" in page  # full name in the tip
     assert "<td>graphed</td><td>graph</td>" in page and "<td>eager</td><td>eager</td>" in page
+
+
+def test_a_graphed_step_against_eager_ones_shows_the_gpu_time_it_saves(tmp_path):
+    eager = _eager_half(tmp_path)
+    data = json.loads(gzip.open(_trace("mlp_eager_vs_cudagraph")).read())
+    cut = min(e["ts"] for e in data["traceEvents"] if e.get("name") == "graphed" and e.get("cat") == "user_annotation")
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("ph") == "M" or e.get("ts", 0) >= cut]
+    (tmp_path / "graphed.json").write_text(json.dumps(data))
+    fb = analyze(tmp_path / "graphed.json", vs=eager)
+    assert fb.finding.startswith("GPU against the baseline: idle 9")
+    assert fb.numbers["gpu_time_per_step_change_pct"].value < -50  # the same MLP stack, replayed as a graph

@@ -22,7 +22,7 @@ from infragent.analysis.kineto import NOT_WORK, category_mask
 from infragent.analysis.overlap import matrix, never_overlapping, overlap
 from infragent.analysis.trace_columns import TraceColumns
 from infragent.analysis.trace_load import load_columns
-from infragent.probes.analyze_gpu import read_gpu
+from infragent.probes.analyze_gpu import gpu_versus, read_gpu
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Evidence, Feedback, Measure
 
@@ -103,6 +103,10 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
         numbers["predicted_change_pct"] = Measure(round(100 * d.predicted_change, 2), "%")
         details["diff"] = {**asdict(d), "headline": d.headline()}
         findings.insert(0, d.headline() + f" (spans predict {d.predicted_change:+.1%}, measured {d.change:+.1%})")
+        versus = gpu_versus(base, c) if gpu is not None else None
+        if versus is not None:
+            numbers.update(versus[0])
+            findings.insert(0, versus[1])
     evidence = [save_json("analyze", details, "the full analysis (breakdown, overlap, idle, critical path, diff)")]
     if not isinstance(trace, TraceColumns):
         evidence.insert(0, Evidence.of(trace, "the analyzed trace"))

@@ -191,3 +191,27 @@ def _read_overlap(r: GpuReading, o, per_step: list[StepGpu], window_ns: int) -> 
                           f"({o.compute_concurrent_ns / max(o.compute_ns, 1):.0%} of compute time)")
     if o.comm_ns:
         r.findings.append(f"communication under computation {o.comm_overlap_share:.0%} of {o.comm_ns / 1e6:.1f} ms")
+
+
+def gpu_versus(base: TraceColumns, cand: TraceColumns) -> tuple[dict[str, Measure], str] | None:
+    """The GPU of a candidate trace against a baseline's: idle share and GPU time per step (or per window)."""
+    if not (device_work(base).any() and device_work(cand).any()):
+        return None
+    b, c = temporal_breakdown(base), temporal_breakdown(cand)
+    per_b, per_c = _per_step_ns(base, b), _per_step_ns(cand, c)
+    unit = "step" if per_b[1] and per_c[1] else "window"
+    change = per_c[0] / per_b[0] - 1 if per_b[0] else 0.0
+    numbers = {"gpu_idle_pct_baseline": Measure(round(b.pct("idle"), 2), "%"),
+               f"gpu_time_per_{unit}_change_pct": Measure(round(100 * change, 2), "%")}
+    return numbers, (f"GPU against the baseline: idle {b.pct('idle'):.1f}% → {c.pct('idle'):.1f}%, GPU time per {unit} "
+                     f"{per_b[0] / 1e6:.3f} → {per_c[0] / 1e6:.3f} ms ({change:+.1%})")
+
+
+def _per_step_ns(c: TraceColumns, tb) -> tuple[float, int]:  # noqa: ANN001
+    """GPU window per step (the whole window when the trace has no steps), and the number of steps."""
+    work = device_work(c)
+    launched = launches(c, work)
+    found = [s for s in step_gpu(c, steps(c, work, launched), launched) if s.work]
+    if found:
+        return sum(s.window_ns for s in found) / len(found), len(found)
+    return float(tb.kernel_ns), 0
