@@ -237,3 +237,16 @@ def test_a_graphed_step_against_eager_ones_shows_the_gpu_time_it_saves(tmp_path)
     fb = analyze(tmp_path / "graphed.json", vs=eager)
     assert fb.finding.startswith("GPU against the baseline: idle 9")
     assert fb.numbers["gpu_time_per_step_change_pct"].value < -50  # the same MLP stack, replayed as a graph
+
+
+def test_graph_replays_that_still_wait_on_the_host_ask_for_overlap_not_graphs(tmp_path):
+    events = []
+    for step in range(6):
+        t = 100 * step
+        events.append(_launch("cudaGraphLaunch", t, 5, step))
+        events += [_kernel("nvjet_sm90_tst_64x8", t + 8 + 3 * k, 2, step) for k in range(3)]
+    fb = analyze(_write(tmp_path, events))
+    assert fb.verdict == "fail" and "waiting on the host" in fb.finding
+    remedies = [h["remedy"] for h in fb.details["gpu"]["hypotheses"]]
+    assert "overlap the host" in remedies and "larger batches" in remedies
+    assert "CUDA graphs" not in remedies and "fusion" not in remedies

@@ -64,7 +64,8 @@ class LaunchStats:
     p90_lag_ns: float | None
     median_kernel_ns: float | None  # kernels only
     median_launch_call_ns: float | None  # eager launch calls' own duration
-    median_host_interval_ns: float | None  # between consecutive eager launches on the launching thread
+    median_host_interval_ns: float | None  # between consecutive launch calls (graph replays too) on the main thread
+    median_work_per_launch_ns: float | None = None  # GPU work time one launch call started (a replay: all of it)
 
 
 @dataclass
@@ -193,15 +194,18 @@ def launch_stats(c: TraceColumns, rows: np.ndarray, launched: Launches) -> Launc
     eager = known & ~graph
     lag = (c.start[rows] - c.start[np.maximum(call, 0)])[eager]
     kernels = rows[np.asarray([c.cats[k] == "kernel" for k in c.cat[rows]], bool)] if rows.size else rows
-    calls = np.unique(call[eager])
+    calls, per_call = np.unique(call[known], return_inverse=True)
+    work_per_call = np.bincount(per_call.ravel(), weights=(c.end - c.start)[rows[known]], minlength=calls.size)
     interval = None
     if calls.size > 1:
         main = np.bincount(c.track[calls]).argmax()
         starts = np.sort(c.start[calls[c.track[calls] == main]])
         interval = _median(np.diff(starts))
+    eager_calls = np.unique(call[eager])
     return LaunchStats(int(rows.size), int(known.sum()), int(eager.sum()), int(graph.sum()),
                        int(np.unique(call[graph]).size), _median(lag), _pct(lag, 90),
-                       _median((c.end - c.start)[kernels]), _median((c.end - c.start)[calls]), interval)
+                       _median((c.end - c.start)[kernels]), _median((c.end - c.start)[eager_calls]), interval,
+                       _median(work_per_call))
 
 
 def _sums(dur: np.ndarray, labels: np.ndarray, keys: tuple[str, ...]) -> dict[str, int]:

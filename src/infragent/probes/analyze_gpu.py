@@ -125,31 +125,32 @@ def _launch_bound_hypotheses(r: GpuReading, d: DeviceIdle, parts: dict[str, floa
     saved = d.by_cause.get("host", 0) / d.window_ns if d.window_ns else 0.0
     bound = f"at most {saved:.0%} shorter GPU time (the host-caused idle)"
     evidence = [f"GPU {d.device} idle {d.idle_share:.1%}, {d.cause_share('host'):.0%} of it waiting on the host"]
-    if lag and lag.eager and lag.eager >= lag.graph:
-        r.hypotheses.append({"kind": "host-bound", "remedy": "CUDA graphs",
-                             "claim": f"launch-bound: {lag.eager} eagerly launched kernels leave the GPU idle between "
-                                      "them; capture the step as a CUDA graph and replay it",
-                             "probe": "record", "predicted": bound, "evidence": evidence,
-                             "knob_words": ["cuda_graph", "enforce_eager", "graph", "compile"]})
-    if lag and lag.median_kernel_ns is not None and lag.median_host_interval_ns and \
-            lag.median_kernel_ns < lag.median_host_interval_ns:
-        r.hypotheses.append({"kind": "host-bound", "remedy": "larger batches",
-                             "claim": f"kernels run {lag.median_kernel_ns / 1e3:.1f} µs (median) for "
-                                      f"{lag.median_host_interval_ns / 1e3:.1f} µs of host time each: larger batches "
-                                      "give each launch more work",
-                             "probe": "record", "predicted": bound, "evidence": evidence,
-                             "knob_words": ["batch", "max_num_seqs", "max_num_batched_tokens"]})
-    r.hypotheses.append({"kind": "host-bound", "remedy": "fusion",
-                         "claim": "fewer, larger kernels (fusion: torch.compile or fused ops) cut launches per step",
-                         "probe": "record", "predicted": bound, "evidence": evidence,
-                         "knob_words": ["compile", "fuse", "fusion"]})
+    eager = lag is not None and lag.eager >= lag.graph
+
+    def pose(remedy: str, claim: str, words: list[str]) -> None:
+        r.hypotheses.append({"kind": "host-bound", "remedy": remedy, "claim": claim, "probe": "record",
+                             "predicted": bound, "evidence": evidence, "knob_words": words})
+
+    if eager:
+        pose("CUDA graphs", f"launch-bound: {lag.eager} eagerly launched kernels leave the GPU idle between them; "
+             "capture the step as a CUDA graph and replay it", ["cuda_graph", "enforce_eager", "graph", "compile"])
+    work, host = (lag.median_work_per_launch_ns, lag.median_host_interval_ns) if lag else (None, None)
+    if work is not None and host and work < host:
+        pose("larger batches", f"each launch gives the GPU {work / 1e3:.1f} µs of work (median) for {host / 1e3:.1f} µs "
+             "of host time: larger batches give each launch more work", ["batch", "max_num_seqs",
+                                                                           "max_num_batched_tokens"])
+    if eager:
+        pose("fusion", "fewer, larger kernels (fusion: torch.compile or fused ops) cut launches per step",
+             ["compile", "fuse", "fusion"])
+    else:
+        pose("overlap the host", "the steps already replay CUDA graphs, yet the GPU waits for the host between "
+             "them: prepare the next step on the host while the GPU runs this one (asynchronous scheduling)",
+             ["async", "schedul", "overlap"])
     drained = d.after_sync_ns / max(d.by_cause.get("host", 0), 1)
     if parts.get("sync", 0) >= SYNC_SHARE or drained >= SYNC_SHARE:
-        r.hypotheses.append({"kind": "host-bound", "remedy": "fewer syncs",
-                             "claim": f"{drained:.0%} of the host-caused idle time follows a sync call (the host "
-                                      "waited for the GPU to drain, then had to refill it): remove host syncs "
-                                      "(.item(), .cpu(), synchronize) from the step or move them off its path",
-                             "probe": "record", "predicted": bound, "evidence": evidence, "knob_words": ["sync"]})
+        pose("fewer syncs", f"{drained:.0%} of the host-caused idle time follows a sync call (the host waited for "
+             "the GPU to drain, then had to refill it): remove host syncs (.item(), .cpu(), synchronize) from the "
+             "step or move them off its path", ["sync"])
     r.next_probes.append("infragent analyze TRACE_AFTER --vs THIS_TRACE (trace the step again with "
                          + " or ".join(h["remedy"] for h in r.hypotheses if h["kind"] == "host-bound")
                          + "; GPU idle must fall)")
