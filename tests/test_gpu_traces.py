@@ -250,3 +250,42 @@ def test_graph_replays_that_still_wait_on_the_host_ask_for_overlap_not_graphs(tm
     remedies = [h["remedy"] for h in fb.details["gpu"]["hypotheses"]]
     assert "overlap the host" in remedies and "larger batches" in remedies
     assert "CUDA graphs" not in remedies and "fusion" not in remedies
+
+
+MORE = Path(__file__).parent / "data" / "h200_more"  # captured in session 28 by benchmarks/make_gpu_traces.py
+
+
+def test_the_more_traces_read_within_a_point_of_their_truth():
+    for line in (MORE / "README.md").read_text().splitlines():
+        m = re.match(r"\|\s*(\w+)\.json\.gz\s*\|[^|]*\|\s*([\d.]+) / ([\d.]+) / ([\d.]+)", line)
+        if m:
+            tb = temporal_breakdown(load_columns(MORE / f"{m.group(1)}.json.gz"))
+            for part, expected in zip(("idle", "compute", "non_compute"), m.group(2, 3, 4)):
+                assert tb.pct(part) == pytest.approx(float(expected), abs=1.0), (m.group(1), part)
+
+
+def test_a_batch_1_decode_names_the_host_op_that_keeps_the_gpu_waiting():
+    fb = analyze(MORE / "decode_b1_eager.json.gz")
+    assert fb.verdict == "fail" and fb.numbers["gpu_idle_pct"].value > 99
+    assert "waiting on the host" in fb.finding and "aten::_cudnn_attention_forward 9" in fb.finding
+    first = fb.details["gpu"]["hypotheses"][0]
+    assert first["remedy"] == "a cheaper host op" and "aten::_cudnn_attention_forward" in first["claim"]
+    assert "CUDA graphs" in {h["remedy"] for h in fb.details["gpu"]["hypotheses"]}
+    assert [s["name"] for s in fb.details["gpu"]["steps"]] == [f"ProfilerStep#{i}" for i in range(3, 15)]
+
+
+def test_compiled_steps_show_triton_and_their_graph_replays_apart():
+    fb = analyze(MORE / "compiled_mlp.json.gz")
+    sources = {k["kind"] for k in fb.details["gpu"]["kernels"]["sources"]}
+    assert "Triton" in sources
+    modes = [s["mode"] for s in fb.details["gpu"]["steps"]]
+    assert modes == ["eager"] * 8 + ["graph"] * 8
+    assert fb.numbers["graph_step_gpu_idle_pct"].value < fb.numbers["eager_step_gpu_idle_pct"].value - 30
+
+
+def test_gemms_on_two_streams_overlap_and_the_gpu_is_not_host_bound():
+    fb = analyze(MORE / "two_stream_gemms.json.gz")
+    assert fb.verdict == "pass" and "host runs ahead" in fb.finding
+    assert device_overlaps(load_columns(MORE / "two_stream_gemms.json.gz"))[0].compute_concurrent_ns > 1_000_000
+    assert "computation on two or more streams at once" in fb.finding
+    assert "roofline" in fb.next_probes[0]

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from infragent.analysis.breakdown import exclusive
 from infragent.analysis.intervals import covered, merge
 from infragent.analysis.kernel_names import short_name
-from infragent.analysis.kineto import (HOST_CALLS, SYNC_CALL, Launches, category_mask, device_of, device_work,
+from infragent.analysis.kineto import (HOST_CALLS, HOST_CODE, SYNC_CALL, Launches, category_mask, device_of, device_work,
                                        launches, stream_name)
 from infragent.analysis.trace_columns import TraceColumns
 
@@ -78,6 +79,7 @@ class DeviceIdle:
     by_cause: dict[str, int]
     host_parts: dict[str, int]  # the host-caused idle split by what the launching thread did
     after_sync_ns: int = 0  # host-caused idle in gaps that began while the launching thread sat in a sync call
+    host_ops: list[tuple[str, int]] = field(default_factory=list)  # host ops' own time inside host-caused gaps
     largest: list[Gap] = field(default_factory=list)
     streams: list[StreamIdle] = field(default_factory=list)
     launch: LaunchStats | None = None
@@ -105,13 +107,14 @@ def gpu_idle(c: TraceColumns, launched: Launches | None = None, keep: int = 5) -
         g0, g1, nxt, prev = _gaps(c, rows)
         after_other = (c.track[prev] != c.track[nxt]) & (g1 - g0 <= DEPENDENCY_SLACK_NS)
         cause = _causes(c, g0, g1, nxt, launched, sync, after_other)
-        parts, after_sync = _host_parts(c, g0[cause == "host"], g1[cause == "host"],
-                                        launched.launch[nxt[cause == "host"]], sync)
+        parts, after_sync, ops = _host_parts(c, g0[cause == "host"], g1[cause == "host"],
+                                             launched.launch[nxt[cause == "host"]], sync)
         window = int(c.end[rows].max() - c.start[rows].min())
         order = np.argsort(-(g1 - g0), kind="stable")[:keep]
         largest = [Gap(int(g0[i]), int(g1[i]), str(cause[i]), short_name(c.names[c.name[nxt[i]]])) for i in order]
         result.append(DeviceIdle(int(d), window, int((g1 - g0).sum()), _sums(g1 - g0, cause, CAUSES), parts,
-                                 after_sync, largest, _streams(c, rows, launched, sync), launch_stats(c, rows, launched)))
+                                 after_sync, ops, largest, _streams(c, rows, launched, sync),
+                                 launch_stats(c, rows, launched)))
     return result
 
 
@@ -149,12 +152,16 @@ def _causes(c: TraceColumns, g0: np.ndarray, g1: np.ndarray, nxt: np.ndarray, la
 
 
 def _host_parts(c: TraceColumns, g0: np.ndarray, g1: np.ndarray, calls: np.ndarray,
-                sync: np.ndarray) -> tuple[dict[str, int], int]:
-    """Host-caused idle split by what the launching thread did (sync calls, launch calls, Python/CPU code), and
-    the part of it in gaps that began inside a sync call (the host drained the queue, then had to refill it)."""
+                sync: np.ndarray) -> tuple[dict[str, int], int, list[tuple[str, int]]]:
+    """Host-caused idle split by what the launching thread did (sync calls, launch calls, Python/CPU code); the
+    part of it in gaps that began inside a sync call (the host drained the queue, then had to refill it); and the
+    host ops that held the thread meanwhile, by their own time inside those gaps, largest first."""
     parts = dict.fromkeys(HOST_PARTS, 0)
     after_sync = 0
+    ops: dict[str, float] = {}
     api = category_mask(c, HOST_CALLS)
+    code = category_mask(c, HOST_CODE)
+    own = exclusive(c) if calls.size else np.zeros(0, np.int64)
     for thread in np.unique(c.track[calls]).tolist():
         mine = c.track[calls] == thread
         a, b, call = g0[mine], g1[mine], calls[mine]
@@ -167,7 +174,13 @@ def _host_parts(c: TraceColumns, g0: np.ndarray, g1: np.ndarray, calls: np.ndarr
         parts["python/cpu"] += int(np.maximum(before - a - in_sync - in_api, 0).sum())
         began_in_sync = covered(a, a + 1, merge(c.start[sync & on], c.end[sync & on])) > 0
         after_sync += int((b - a)[began_in_sync].sum())
-    return parts, after_sync
+        rows = np.flatnonzero(code & on)
+        inside = covered(c.start[rows], c.end[rows], merge(a, before))
+        share = inside / np.maximum(c.end[rows] - c.start[rows], 1)
+        for name, ns in zip(c.name[rows].tolist(), (own[rows] * share).tolist()):
+            ops[c.names[name]] = ops.get(c.names[name], 0.0) + ns
+    top = sorted(((k, int(v)) for k, v in ops.items() if v >= 1), key=lambda kv: -kv[1])[:5]
+    return parts, after_sync, top
 
 
 def _streams(c: TraceColumns, rows: np.ndarray, launched: Launches, sync: np.ndarray) -> list[StreamIdle]:

@@ -23,6 +23,7 @@ DEVICE_COPY = frozenset({"gpu_memcpy", "gpu_memset"})
 NOT_WORK = frozenset({"gpu_user_annotation", "ac2g"})
 BOOKKEEPING = frozenset({"Trace", "overhead"})  # dropped when loading: they are the profiler's, not the program's
 HOST_CALLS = frozenset({"cuda_runtime", "cuda_driver"})
+HOST_CODE = frozenset({"cpu_op", "python_function"})
 SYNC_CALL = re.compile(r"(cuda|cu|hip)(Device|Stream|Event|Ctx)Synchronize|(cuda|cu|hip)StreamWaitEvent"
                        r"|^(cuda|hip)Memcpy$|^cuMemcpy(HtoD|DtoH|DtoD)?(_v2)?$|(cuda|hip)(Stream|Event)Query")
 GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)")

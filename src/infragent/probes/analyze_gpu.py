@@ -3,6 +3,7 @@ hypotheses that follow from the evidence (launch-bound → CUDA graphs, larger b
 GPU-bound → the top kernels; copies in the open → move them under computation)."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 from infragent.analysis.gpu_idle import DeviceIdle, gpu_idle
@@ -18,6 +19,7 @@ HOST_BOUND_IDLE = 0.5  # the GPU idles at least half its window ...
 HOST_BOUND_SHARE = 0.5  # ... and the host caused at least half of that idle time
 SYNC_SHARE = 0.2  # sync calls behind this much of the host-caused idle: the syncs are a hypothesis of their own
 COPY_WORTH = 0.01  # copies (memsets included) under 1% of the GPU window are not worth a word
+HOT_OP = 0.3  # one host op holding the host this much of the host-caused idle: a hypothesis of its own
 QUEUED = 10  # a launch→start lag this many times the host's time between launches: the host runs ahead
 
 
@@ -90,9 +92,11 @@ def _read_idle(r: GpuReading, d: DeviceIdle, several: bool) -> None:
     timing = _launch_words(lag)
     if d.idle_share >= HOST_BOUND_IDLE and host >= HOST_BOUND_SHARE:
         split = ", ".join(f"{k} {v:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+        hot = _hot_ops(d)
+        held = f"; its own time there most in {hot}" if hot else ""
         r.findings.insert(0, f"{where}idle {d.idle_share:.1%} of the window ({d.idle_ns / 1e6:.1f} of "
                              f"{d.window_ns / 1e6:.1f} ms): waiting on the host ({host:.0%} of the idle time; the host "
-                             f"was in {split}); {timing}")
+                             f"was in {split}{held}); {timing}")
         _launch_bound_hypotheses(r, d, parts)
     elif d.idle_ns:
         causes = ", ".join(f"{k} {d.cause_share(k):.0%}" for k in ("host", "another stream", "other")
@@ -103,6 +107,13 @@ def _read_idle(r: GpuReading, d: DeviceIdle, several: bool) -> None:
         if s.idle_ns and dep >= 0.2 * s.idle_ns:
             r.findings.append(f"{s.stream} waits on another stream {dep / s.idle_ns:.0%} of its idle time "
                               f"({dep / 1e6:.1f} ms): a cross-stream dependency")
+
+
+def _hot_ops(d: DeviceIdle) -> str:
+    """The host ops that held the thread most of the host-caused idle time ('' when none stands out)."""
+    host_ns = max(d.by_cause.get("host", 0), 1)
+    named = [f"{op} {ns / host_ns:.0%}" for op, ns in d.host_ops[:2] if ns >= 0.1 * host_ns]
+    return ", ".join(named)
 
 
 def _launch_words(lag) -> str:  # noqa: ANN001
@@ -131,6 +142,13 @@ def _launch_bound_hypotheses(r: GpuReading, d: DeviceIdle, parts: dict[str, floa
         r.hypotheses.append({"kind": "host-bound", "remedy": remedy, "claim": claim, "probe": "record",
                              "predicted": bound, "evidence": evidence, "knob_words": words})
 
+    host_ns = max(d.by_cause.get("host", 0), 1)
+    if d.host_ops and d.host_ops[0][1] >= HOT_OP * host_ns:
+        op, ns = d.host_ops[0]
+        pose("a cheaper host op", f"{op} holds the host {ns / host_ns:.0%} of the time the GPU waits on it "
+             f"({ns / 1e6:.1f} ms): make that op cheaper on the host (cache what it sets up, another backend or "
+             "shape handling, or capture it in a CUDA graph)", [w for w in re.split(r"[^a-z0-9]+", op.lower())
+                                                               if len(w) >= 4 and w not in ("aten", "forward")])
     if eager:
         pose("CUDA graphs", f"launch-bound: {lag.eager} eagerly launched kernels leave the GPU idle between them; "
              "capture the step as a CUDA graph and replay it", ["cuda_graph", "enforce_eager", "graph", "compile"])
