@@ -1,4 +1,5 @@
-"""Measured machine peaks for the roofline (fp32 matmul, copy, fp32 GEMV stream, per-op floor), cached per machine."""
+"""Measured machine peaks for the roofline (fp32 matmul, copy, fp32 GEMV stream, per-op floor), cached per machine;
+Roofs: the three roofs one call is classified against, which CPU Peaks and GPU GpuPeaks both give."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +9,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,31 @@ _SIZES = {
     False: dict(gemv_bytes=1024 * MIB, copy_bytes=512 * MIB, matmul=2048, iters=5, min_s=0.5),
     True: dict(gemv_bytes=256 * MIB, copy_bytes=128 * MIB, matmul=1024, iters=3, min_s=0.1),
 }
+
+
+@dataclass(frozen=True)
+class Roofs:
+    """The compute, memory and per-op roofs one call is classified against, each named."""
+
+    compute_flops_per_s: float
+    compute_name: str
+    memory_bytes_per_s: float
+    memory_name: str
+    op_floor_s: float
+    floor_name: str
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity where the compute roof meets the memory roof."""
+        return self.compute_flops_per_s / self.memory_bytes_per_s
+
+
+class HasRoofs(Protocol):
+    """Measured peaks of some device: the roofs for a call's dtype, and plain data for reports."""
+
+    def roofs(self, dtype: torch.dtype | None = None, tf32: bool = False) -> Roofs: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -56,6 +82,11 @@ class Peaks:
     def ridge_flop_per_byte(self) -> float:
         """Arithmetic intensity where the compute roof meets the memory roof."""
         return self.matmul_fp32_gflops * 1e9 / self.memory_bytes_per_s
+
+    def roofs(self, dtype: torch.dtype | None = None, tf32: bool = False) -> Roofs:
+        """The CPU's roofs; only fp32 matmul is measured, so it is the compute roof whatever the dtype."""
+        return Roofs(self.matmul_fp32_gflops * 1e9, "fp32 matmul peak", self.memory_bytes_per_s,
+                     self.memory_roof_name, self.op_floor_s, "per-op floor")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for the cache file and Feedback details)."""
@@ -229,11 +260,16 @@ def machine_peaks(threads: int | None = None, quick: bool = False, remeasure: bo
         except (ValueError, TypeError, KeyError):
             pass  # unreadable or stale format: measure again
     peaks = measure_peaks(threads, quick)
+    store_json(path, peaks.to_dict())
+    return peaks
+
+
+def store_json(path: Path, data: dict[str, Any]) -> None:
+    """Write data to path as JSON atomically (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(peaks.to_dict(), indent=2))
+    tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
-    return peaks
 
 
 def format_peaks(peaks: Peaks) -> str:

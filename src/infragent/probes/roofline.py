@@ -1,11 +1,14 @@
 """The roofline probe: count a call's FLOPs and bytes, time it, and say what bounds it and how close it gets.
 
 Classification rule (RULE below): the call needs at least
-    t_compute  = FLOPs / fp32 matmul peak,
-    t_memory   = bytes / memory roof (the faster of copy and GEMV-stream bandwidth),
+    t_compute  = FLOPs / compute roof,
+    t_memory   = bytes / memory roof,
     t_overhead = torch ops dispatched x per-op floor (measured wall time of one tiny op called from Python);
 the largest of the three is what bounds it (compute vs memory is the usual intensity-vs-ridge test), and
 pct_of_peak = that time / measured time (achieved GFLOP/s / peak, achieved GB/s / roof, or floor / time).
+The roofs are the device's the inputs live on: on the CPU (machine.py) the fp32 matmul peak, the faster of copy
+and GEMV-stream bandwidth and the per-op floor; on a GPU (gpu_peaks.py) the matmul peak of the inputs' dtype
+(bf16/fp16 tensor-core, fp32 in TF32 when allowed, else fp32), HBM copy bandwidth and the launch floor.
 """
 from __future__ import annotations
 
@@ -22,11 +25,13 @@ from infragent.probes.redundancy import describe, extra_work
 from infragent.probes.work import WorkCount, count_work, work_of
 from infragent.analysis.stats import Summary, bootstrap_median, min_detectable_effect
 from infragent.probes.feedback import Feedback, Measure
-from infragent.probes.inputs import Case, InputsFactory, call, draw
-from infragent.probes.machine import CONTENDED_CORES, CpuWatch, Peaks, machine_peaks
+from infragent.probes.inputs import Case, InputsFactory, call, draw, tensors_of
+from infragent.probes.gpu_peaks import gpu_peaks, tf32_allowed
+from infragent.probes.machine import CONTENDED_CORES, CpuWatch, HasRoofs, Roofs, machine_peaks
 
-RULE = ("bound = the largest of t_compute = FLOPs / matmul peak, t_memory = bytes / memory roof and "
-        "t_overhead = torch ops x per-op floor; pct_of_peak = that time / measured time")
+RULE = ("bound = the largest of t_compute = FLOPs / compute roof (the matmul peak of the inputs' device and dtype), "
+        "t_memory = bytes / memory roof and t_overhead = torch ops x per-op floor; "
+        "pct_of_peak = that time / measured time")
 MIN_SAMPLES = 5  # fewer timing samples than this (a call slower than the budget allows) is inconclusive
 BYTES_NOTE = ("bytes are a lower bound (inputs read once, outputs and mutated inputs written once) unless a "
               "formula gives them; op_bytes is the upper bound where every op's operands go through memory")
@@ -54,7 +59,8 @@ class RooflineResult:
     shapes: str
     work: WorkCount
     time: Summary  # seconds per call
-    peaks: Peaks
+    peaks: HasRoofs  # Peaks (CPU) or GpuPeaks
+    roofs: Roofs  # the peaks' roofs for this call's dtype
     classification: Classification
     threads: int
     loops: int  # calls per timing sample
@@ -62,6 +68,8 @@ class RooflineResult:
     reference_work: WorkCount | None = None
     reference_ops: WorkCount | None = None  # the reference counted op by op (its formula has no per-op split)
     others_cores: float | None = None  # CPU, in cores, other processes used while fn was timed
+    device: str = "cpu"  # where the inputs live
+    dtype: str = ""  # the inputs' compute dtype (what picks a GPU's compute roof)
 
     @property
     def redundant_flop_fraction(self) -> float | None:
@@ -84,15 +92,44 @@ def clone_case(case: Case) -> Case:
     return Case(clone(case.args), clone(case.kwargs), case.label, case.reduction)
 
 
+def case_device(case: Case) -> torch.device:
+    """The CUDA device the case's tensors are on, if any is; else the CPU."""
+    for t in tensors_of((case.args, case.kwargs)):
+        if t.device.type == "cuda":
+            return t.device
+    return torch.device("cpu")
+
+
+def compute_dtype(case: Case) -> torch.dtype | None:
+    """The floating dtype holding most of the case's tensor elements (None when no tensor is floating)."""
+    counts: dict[torch.dtype, int] = {}
+    for t in tensors_of((case.args, case.kwargs)):
+        if t.is_floating_point():
+            counts[t.dtype] = counts.get(t.dtype, 0) + t.numel()
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    """What waits for the device's queued work: torch.cuda.synchronize on CUDA, nothing on the CPU."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
 def time_call(fn: Callable[..., Any], case: Case, budget_s: float = 1.0, min_samples: int = MIN_SAMPLES,
               max_samples: int = 30, sample_s: float = 2e-3) -> tuple[Summary, int]:
-    """Median seconds per call with a bootstrap CI; each sample loops enough calls to last about sample_s."""
+    """Median seconds per call with a bootstrap CI; each sample loops enough calls to last about sample_s.
+
+    On CUDA inputs every sample ends with a synchronize, so it holds the kernels' time, not only their launch."""
+    sync = _synchronizer(case_device(case))
     call(fn, case)  # warm-up
+    sync()
     loops = 1
     while True:
         start = time.perf_counter()
         for _ in range(loops):
             call(fn, case)
+        sync()
         elapsed = time.perf_counter() - start
         if elapsed >= sample_s or loops >= 1 << 20:
             break
@@ -106,6 +143,7 @@ def time_call(fn: Callable[..., Any], case: Case, budget_s: float = 1.0, min_sam
             start = time.perf_counter()
             for _ in range(loops):
                 call(fn, case)
+            sync()
             samples.append((time.perf_counter() - start) / loops)
             spent = time.perf_counter() - began
             next_ends = spent + samples[-1] * loops  # stop before a sample that would end past twice the budget
@@ -117,12 +155,14 @@ def time_call(fn: Callable[..., Any], case: Case, budget_s: float = 1.0, min_sam
     return bootstrap_median(samples, resamples=2000), loops
 
 
-def classify(work: WorkCount, seconds: float, peaks: Peaks) -> Classification:
-    """Apply RULE to a call's counts, its measured seconds per call and the machine's peaks."""
+def classify(work: WorkCount, seconds: float, peaks: HasRoofs | Roofs, dtype: torch.dtype | None = None,
+             tf32: bool = False) -> Classification:
+    """Apply RULE to a call's counts, its measured seconds per call and the roofs (or peaks, for dtype and tf32)."""
+    roofs = peaks if isinstance(peaks, Roofs) else peaks.roofs(dtype, tf32)
     times = {
-        "compute-bound": (work.flops / (peaks.matmul_fp32_gflops * 1e9), "fp32 matmul peak"),
-        "memory-bound": (work.bytes / peaks.memory_bytes_per_s, peaks.memory_roof_name),
-        "overhead-bound": (work.ops * peaks.op_floor_s, "per-op floor"),
+        "compute-bound": (work.flops / roofs.compute_flops_per_s, roofs.compute_name),
+        "memory-bound": (work.bytes / roofs.memory_bytes_per_s, roofs.memory_name),
+        "overhead-bound": (work.ops * roofs.op_floor_s, roofs.floor_name),
     }
     bound = max(times, key=lambda b: times[b][0])
     t_bound, roof = times[bound]
@@ -130,7 +170,7 @@ def classify(work: WorkCount, seconds: float, peaks: Peaks) -> Classification:
         bound=bound, roof=roof, pct_of_peak=t_bound / seconds if seconds > 0 else float("nan"),
         t_compute_s=times["compute-bound"][0], t_memory_s=times["memory-bound"][0],
         t_overhead_s=times["overhead-bound"][0],
-        intensity=work.flops / work.bytes if work.bytes > 0 else float("inf"), ridge=peaks.ridge_flop_per_byte)
+        intensity=work.flops / work.bytes if work.bytes > 0 else float("inf"), ridge=roofs.ridge_flop_per_byte)
 
 
 def _describe(fn: Callable[..., Any], case: Case) -> str:
@@ -153,16 +193,23 @@ def _name(fn: Callable[..., Any]) -> str:
 
 def measure_roofline(fn: Callable[..., Any], factory: InputsFactory, reference: Callable[..., Any] | None = None, *,
                      flops: float | None = None, bytes_moved: float | None = None,
-                     useful_flops: float | None = None, peaks: Peaks | None = None, threads: int | None = None,
+                     useful_flops: float | None = None, peaks: HasRoofs | None = None, threads: int | None = None,
                      budget_s: float = 1.0, quick_peaks: bool = False, remeasure: bool = False,
                      seed: int = 0) -> RooflineResult:
-    """Count, time and classify fn on one drawn case; the data behind run_roofline's Feedback."""
+    """Count, time and classify fn on one drawn case; the data behind run_roofline's Feedback.
+
+    Inputs on a CUDA device are judged against that GPU's peaks (gpu_peaks), else against the CPU's."""
     before = torch.get_num_threads()
     threads = threads or before
     torch.set_num_threads(threads)
     try:
-        peaks = peaks or machine_peaks(threads, quick=quick_peaks, remeasure=remeasure)
         case = draw(factory, 0, seed)
+        device = case_device(case)
+        if peaks is None:
+            peaks = (gpu_peaks(device, remeasure=remeasure) if device.type == "cuda"
+                     else machine_peaks(threads, quick=quick_peaks, remeasure=remeasure))
+        dtype = compute_dtype(case)
+        roofs = peaks.roofs(dtype, device.type == "cuda" and tf32_allowed())
         work = work_of(fn, clone_case(case))
         if flops is not None or bytes_moved is not None:
             work = WorkCount(flops=work.flops if flops is None else float(flops),
@@ -180,31 +227,39 @@ def measure_roofline(fn: Callable[..., Any], factory: InputsFactory, reference: 
     finally:
         torch.set_num_threads(before)
     return RooflineResult(name=_name(fn), shapes=_describe(fn, case), work=work, time=summary, peaks=peaks,
-                          classification=classify(work, summary.median, peaks), threads=threads, loops=loops,
-                          useful_flops=useful_flops, reference_work=reference_work, others_cores=others,
-                          reference_ops=reference_ops)
+                          roofs=roofs, classification=classify(work, summary.median, roofs), threads=threads,
+                          loops=loops, useful_flops=useful_flops, reference_work=reference_work, others_cores=others,
+                          reference_ops=reference_ops, device=str(device),
+                          dtype=str(dtype).removeprefix("torch.") if dtype else "")
 
 
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _rate(achieved: float, roof: float, unit: str) -> str:
+    """'5.3 GB/s of 13.4' (tera- once the roof reaches 1e12, else giga-)."""
+    scale, prefix = (1e12, "T") if roof >= 1e12 else (1e9, "G")
+    return f"{_g(achieved / scale)} {prefix}{unit} of {_g(roof / scale)}"
+
+
 def _headline(r: RooflineResult) -> str:
     """'memory-bound: 41% of copy bandwidth (5.3 GB/s of 13.4)' style first clause."""
-    c, t, p = r.classification, r.time.median, r.peaks
+    c, t, roofs = r.classification, r.time.median, r.roofs
     if c.bound == "compute-bound":
-        got, of = f"{_g(r.work.flops / t / 1e9)} GFLOP/s of {_g(p.matmul_fp32_gflops)}", ""
+        got, of = _rate(r.work.flops / t, roofs.compute_flops_per_s, "FLOP/s"), ""
     elif c.bound == "memory-bound":
-        got, of = f"{_g(r.work.bytes / t / 1e9)} GB/s of {_g(p.memory_bytes_per_s / 1e9)}", ""
+        got, of = _rate(r.work.bytes / t, roofs.memory_bytes_per_s, "B/s"), ""
     else:
-        got = (f"{r.work.ops} torch ops x {_g(p.op_floor_s * 1e6)} µs = {_g(c.t_overhead_s * 1e6)} µs "
+        got = (f"{r.work.ops} torch ops x {_g(roofs.op_floor_s * 1e6)} µs = {_g(c.t_overhead_s * 1e6)} µs "
                f"of {_g(t * 1e6)} µs per call")
         of = f"; compute {c.t_compute_s / t:.1%}, memory {c.t_memory_s / t:.1%} of their roofs"
     text = f"{c.bound}: {c.pct_of_peak:.0%} of {c.roof} ({got}){of}"
     if c.pct_of_peak > 1.05 and c.bound == "memory-bound":
-        text += " (above the DRAM roof: the working set is likely cache-resident)"
+        text += " (above the memory roof: the working set is likely cache-resident)"
     elif c.pct_of_peak > 1.05 and c.bound == "compute-bound":
-        text += " (above the measured peak: re-measure the peaks with INFRAGENT_REMEASURE=1 on a quiet machine)"
+        text += " (above the measured peak: re-measure the peaks with INFRAGENT_REMEASURE=1 on a quiet machine"
+        text += ", or the call computes in a narrower dtype than its inputs)" if r.device != "cpu" else ")"
     return text
 
 
@@ -272,7 +327,8 @@ def to_feedback(r: RooflineResult, max_rel_ci: float = 0.2) -> Feedback:
         "roof_times_us": {"compute": c.t_compute_s * 1e6, "memory": c.t_memory_s * 1e6,
                           "overhead": c.t_overhead_s * 1e6},
         "overhead_share": min(1.0, c.t_overhead_s / t.median) if t.median > 0 else None,
-        "peaks": {**r.peaks.to_dict(), "memory_roof_bytes_per_s": r.peaks.memory_bytes_per_s},
+        "peaks": {**r.peaks.to_dict(), "memory_roof_bytes_per_s": r.roofs.memory_bytes_per_s},
+        "roofs": asdict(r.roofs), "device": r.device, "dtype": r.dtype,
         "counts": asdict(r.work), "threads": r.threads, "loops_per_sample": r.loops,
         "others_cores_while_timing": r.others_cores,
     }
@@ -293,7 +349,7 @@ def to_feedback(r: RooflineResult, max_rel_ci: float = 0.2) -> Feedback:
 
 def run_roofline(fn: Callable[..., Any], factory: InputsFactory, reference: Callable[..., Any] | None = None, *,
                  flops: float | None = None, bytes_moved: float | None = None, useful_flops: float | None = None,
-                 peaks: Peaks | None = None, threads: int | None = None, budget_s: float = 1.0,
+                 peaks: HasRoofs | None = None, threads: int | None = None, budget_s: float = 1.0,
                  quick_peaks: bool = False, remeasure: bool = False, seed: int = 0,
                  max_rel_ci: float = 0.2) -> Feedback:
     """Roofline a call: counts, timing, bound and % of peak, and redundant FLOPs vs a reference (or useful_flops)."""
