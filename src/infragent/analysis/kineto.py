@@ -96,7 +96,7 @@ def _by_correlation(c: TraceColumns, calls: np.ndarray, work: np.ndarray) -> np.
         out = np.full(rows.size, -1, np.int64)
         for i, r in enumerate(rows.tolist()):
             value = c.attrs(r).get("correlation")
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
                 out[i] = value
         return out
 

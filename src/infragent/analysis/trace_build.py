@@ -13,6 +13,8 @@ from infragent.analysis.trace_columns import GPU_CATEGORIES, Track, TraceColumns
 from infragent.analysis.trace_read import NO_ARGS, ONE_EVENT, TraceEvent
 from infragent.trace_model import CPU_NS_KEY, Trace, TraceFormatError
 
+NS_LIMIT = 2 ** 62  # ns after the trace's start: int64 with room to add a duration
+
 
 def columns_from_trace(trace: Trace) -> TraceColumns:
     """Our recorder's Trace as columns (spans, counters, thread names; span attrs kept as args)."""
@@ -52,6 +54,7 @@ class ColumnBuilder:
         self.firsts: list[int] = []  # the first event index of each chunk: chunks are joined in file order
         self.args: list[Any] = []
         self.rare: list[tuple[int, TraceEvent]] = []
+        self.extents: list[tuple[float, int, float, int]] = []  # per chunk: earliest ts, its event, latest end, its
 
     def add(self, events: list[TraceEvent], first: int, raws: list[msgspec.Raw] | None = None) -> None:
         """Turn one batch of events into column chunks (lean events: raws gives the rare ones in full)."""
@@ -62,18 +65,24 @@ class ColumnBuilder:
             ph = np.asarray(phs)
             spans = (ph == "X") | np.isin(ph, ["i", "I", "n", "R"])
             rare = np.flatnonzero(~spans & (ph != "")).tolist()
-            self.rare.extend((first + i, ONE_EVENT.decode(raws[i]) if raws is not None else events[i]) for i in rare)
+            self.rare.extend((first + i, self._in_full(raws[i], first + i) if raws is not None else events[i])
+                             for i in rare)
             rows = np.flatnonzero(spans)
             picked = [events[i] for i in rows.tolist()]
         ts = np.asarray([e.ts for e in picked], float)
         dur = np.asarray([e.dur for e in picked], float)
         if ph is not None:
             dur[ph[rows] != "X"] = 0.0
-        for bad, what in ((np.isnan(ts), "has no ts"), (dur < 0, "has a negative dur")):
+        for bad, what in ((np.isnan(ts), "has no ts"), (np.isinf(ts), "has an infinite ts"),
+                          (dur < 0, "has a negative dur"), (np.isinf(dur), "has an infinite dur")):
             if bad.any():
                 i = int(rows[np.flatnonzero(bad)[0]])
                 raise TraceFormatError(f"{self.source}: traceEvents[{first + i}] ({events[i].ph} "
                                        f"{events[i].name!r}) {what}")
+        if ts.size:
+            end = ts + dur
+            a, b = int(np.argmin(ts)), int(np.argmax(end))
+            self.extents.append((float(ts[a]), first + int(rows[a]), float(end[b]), first + int(rows[b])))
         names, cats, tracks = self.names, self.cats, self.track_ids
         self.firsts.append(first)
         self.chunks["ts"].append(ts)
@@ -87,11 +96,13 @@ class ColumnBuilder:
 
     def export(self) -> tuple:
         """What merge() needs, picklable: string tables, chunks with their first indices, rare events."""
-        return list(self.names), list(self.cats), list(self.track_ids), self.chunks, self.firsts, self.rare
+        return (list(self.names), list(self.cats), list(self.track_ids), self.chunks, self.firsts, self.rare,
+                self.extents)
 
     def merge(self, exported: tuple) -> None:
         """Add another builder's export, renumbering its names, categories and tracks into ours."""
-        names, cats, tracks, chunks, firsts, rare = exported
+        names, cats, tracks, chunks, firsts, rare, extents = exported
+        self.extents = self.extents + extents
         remap = {"name": (names, self.names), "cat": (cats, self.cats), "track": (tracks, self.track_ids)}
         tables = {key: np.asarray([ours.setdefault(x, len(ours)) for x in theirs] or [0], np.int32)
                   for key, (theirs, ours) in remap.items()}
@@ -106,11 +117,13 @@ class ColumnBuilder:
 
     def finish(self, meta: dict[str, Any]) -> TraceColumns:
         """The sorted columns, with B/E intervals, thread names, counters and flows."""
-        threads = {(e.pid, e.tid): _name_arg(e) for _, e in self.rare if e.ph == "M" and e.name == "thread_name"}
+        threads = {(e.pid, e.tid): _name_arg(self._args(i, e)) for i, e in self.rare
+                   if e.ph == "M" and e.name == "thread_name"}
         begins, ends = self._begin_end()
         ts = np.concatenate(self.chunks["ts"] + [begins])
         dur = np.concatenate(self.chunks["dur"] + [ends - begins])
         self.chunks["ts"], self.chunks["dur"] = [], []
+        self._check_extent(begins, ends)
         origin = float(np.floor(ts.min())) if ts.size else 0.0
         start = _ns(ts, origin)
         dur *= 1000
@@ -128,6 +141,38 @@ class ColumnBuilder:
         columns = _sorted(_without_bookkeeping(columns), self.names, self.cats)
         columns.flows = self._flows(columns, origin)
         return columns
+
+    def _in_full(self, raw: msgspec.Raw, index: int) -> TraceEvent:
+        """A rare event decoded again with every field (its id, bp and args); a bad one is located."""
+        try:
+            return ONE_EVENT.decode(raw)
+        except msgspec.DecodeError as err:  # ValidationError too: a flow's id or bp of the wrong type
+            what, _, at = str(err).partition(" - at `")
+            raise TraceFormatError(f"{self.source}: traceEvents[{index}]{at.rstrip('`').removeprefix('$')}: "
+                                   f"{what}") from None
+
+    def _args(self, index: int, e: TraceEvent) -> Any:
+        """A rare event's args, decoded (its text is checked here on the paths that skip args)."""
+        try:
+            return msgspec.json.decode(e.args)
+        except msgspec.DecodeError as err:
+            raise TraceFormatError(f"{self.source}: traceEvents[{index}].args: {err}") from None
+
+    def _check_extent(self, begins: np.ndarray, ends: np.ndarray) -> None:
+        """Every start and end, as ns after the earliest start, must fit an int64 (with room to add durations):
+        checked on each chunk's earliest start and latest end, and the B/E intervals'."""
+        if not self.extents and not begins.size:
+            return
+        lo = min([p[0] for p in self.extents] + ([float(begins.min())] if begins.size else []))
+        hi = max([p[2] for p in self.extents] + ([float(ends.max())] if ends.size else []))
+        if (hi - lo) * 1000 < NS_LIMIT:
+            return
+        points = self.extents + [(e.ts, i, e.ts, i) for i, e in self.rare if e.ph in ("B", "E")]
+        first = next((_event(i) for t, i, _, _ in points if t == lo), "an event")
+        last = next((_event(i) for _, _, t, i in points if t == hi), "an event")
+        raise TraceFormatError(f"{self.source}: {last} ends at {hi:.6g} µs, {(hi - lo) / 3.156e13:.3g} years after "
+                               f"{first} starts (at {lo:.6g} µs): too far apart for ns timestamps; is a ts or dur "
+                               "wrong?")
 
     def _begin_end(self) -> tuple[np.ndarray, np.ndarray]:
         """B/E pairs → intervals appended to the chunks: each E closes the most recent open B on its thread."""
@@ -162,21 +207,27 @@ class ColumnBuilder:
         for i, e in self.rare:
             if e.ph != "C":
                 continue
-            values = msgspec.json.decode(e.args)
+            values = self._args(i, e)
             if not isinstance(values, dict):
                 raise TraceFormatError(f"{self.source}: traceEvents[{i}] (counter {e.name!r}) args must be an object")
             for key, value in values.items():
+                if isinstance(value, int) and not -2 ** 1023 < value < 2 ** 1023:
+                    raise TraceFormatError(f"{self.source}: traceEvents[{i}].args.{key}: counter value too large")
                 if isinstance(value, (int, float)):
                     label = e.name if len(values) == 1 else f"{e.name}.{key}"
                     ts, vs = series.setdefault(label, ([], []))
                     ts.append(e.ts)
                     vs.append(float(value))
+            if not abs(e.ts - origin) * 1000 < NS_LIMIT:  # NaN too
+                what = "has no ts" if e.ts != e.ts else f"has ts {e.ts:.6g} µs, outside the trace's time range"
+                raise TraceFormatError(f"{self.source}: traceEvents[{i}] (counter {e.name!r}) {what}")
         return {k: (_ns(np.asarray(t, float), origin), np.asarray(v, float)) for k, (t, v) in series.items()}
 
     def _flows(self, columns: TraceColumns, origin: float) -> np.ndarray:
         """Flow arrows (s → f, by id and category) bound to the events that enclose their endpoints."""
         track_of = {(t.pid, t.tid): i for i, t in enumerate(columns.tracks)}
         points = [e for _, e in self.rare if e.ph in ("s", "t", "f") and e.id is not None
+                  and abs(e.ts - origin) * 1000 < NS_LIMIT  # a flow point outside the trace binds to nothing
                   and (_int(e.pid), _int(e.tid)) in track_of]
         tracks = np.asarray([track_of[(_int(e.pid), _int(e.tid))] for e in points], np.int64)
         rows = _bound_rows(columns, tracks, _ns(np.asarray([e.ts for e in points], float), origin))
@@ -277,9 +328,13 @@ def _ns(us: np.ndarray, origin: float) -> np.ndarray:
     return np.rint(us, out=us).astype(np.int64)
 
 
-def _name_arg(e: TraceEvent) -> str:
+def _event(index: int) -> str:
+    """traceEvents[i], or where the two-halves path (trace_halves) numbered its second half from 2**40."""
+    return f"traceEvents[{index}]" if index < 1 << 40 else "an event in the file's second half"
+
+
+def _name_arg(args: Any) -> str:
     """A metadata event's args.name ('' when its args are not an object or name no name)."""
-    args = msgspec.json.decode(e.args)
     return str(args.get("name") or "") if isinstance(args, dict) else ""
 
 

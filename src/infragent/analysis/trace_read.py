@@ -86,6 +86,9 @@ def _gzip_break(raw: bytes, step: int = 1 << 14) -> str | None:
                     try:
                         saved.decompress(raw[k:k + 1])
                     except zlib.error:
+                        if k >= len(raw) - 8:  # the trailer: CRC-32 and length of the data
+                            return (f"the checksum at byte {k} of {len(raw)} does not match the data: bytes were "
+                                    "altered")
                         return f"corrupt at byte {k} of {len(raw)} ({str(err).split(': ')[-1]})"
                 return f"corrupt at bytes {pos}-{min(pos + step, len(raw))} of {len(raw)} ({err})"
             pos += step
@@ -144,6 +147,7 @@ def _split_array(data: bytes) -> list[msgspec.Raw]:
 _FULL = msgspec.json.Decoder(list[TraceEvent])
 _LEAN = msgspec.json.Decoder(list[LeanEvent])
 ONE_EVENT = msgspec.json.Decoder(TraceEvent)
+_ONE_LEAN = msgspec.json.Decoder(LeanEvent)
 
 
 def decode_batch(raws: list[msgspec.Raw], first: int, source: str, lean: bool = False,
@@ -151,13 +155,38 @@ def decode_batch(raws: list[msgspec.Raw], first: int, source: str, lean: bool = 
     """Typed events of one batch (lean: span fields only); a bad field is reported at its trace-wide index."""
     try:
         text = region.around(raws) if region is not None and lean else b"[" + b",".join(raws) + b"]"
-        return (_LEAN if lean else _FULL).decode(text)
+        events = (_LEAN if lean else _FULL).decode(text)
     except msgspec.ValidationError as err:
         where = _where(str(err))
         index, _, rest = where.removeprefix("[").partition("]")
         if index.isdigit():
             where = f"traceEvents[{first + int(index)}]{rest}"
         raise TraceFormatError(f"{source}: {where}") from None
+    except msgspec.DecodeError as err:  # invalid UTF-8 in a string: the splitting pass checks syntax, not text
+        decoder = _ONE_LEAN if lean else ONE_EVENT
+        for k, raw in enumerate(raws):
+            try:
+                decoder.decode(raw)
+            except msgspec.DecodeError:
+                raise TraceFormatError(f"{source}: traceEvents[{first + k}]: {err}") from None
+        raise TraceFormatError(f"{source}: traceEvents[{first}] to [{first + len(raws) - 1}]: {err}") from None
+    if not lean and not text.isascii():
+        _check_text(raws, first, source, text)
+    return events
+
+
+def _check_text(raws: list[msgspec.Raw], first: int, source: str, text: bytes) -> None:
+    """Args stay raw JSON until asked for, so their strings are checked here: valid UTF-8 (one fast pass over
+    the batch; event by event only to say which one is not)."""
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError:
+        for k, raw in enumerate(raws):
+            try:
+                bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise TraceFormatError(f"{source}: traceEvents[{first + k}]: invalid UTF-8 at byte {err.start} "
+                                       f"of the event ({bytes(raw)[err.start:err.start + 4]!r})") from None
 
 
 class Region:
@@ -191,6 +220,11 @@ def _decode_message(err: msgspec.DecodeError, data: bytes) -> str:
     if text.startswith("Input data was truncated"):
         return (f"truncated JSON: the file ends at byte {len(data)} in the middle of the trace "
                 "(was the profiler stopped before it finished writing?)")
+    if text.startswith("Invalid UTF-8"):  # msgspec does not say where: the first bad byte is the place
+        try:
+            bytes(data).decode("utf-8")
+        except UnicodeDecodeError as err:
+            return f"malformed JSON: invalid UTF-8 at byte {err.start} ({bytes(data[err.start:err.start + 4])!r})"
     return f"malformed JSON: {text}"
 
 
