@@ -194,7 +194,7 @@ def test_several_devices_are_read_one_by_one(tmp_path):
     assert (parts[0].kernel_ns, parts[0].idle_ns, parts[0].compute_ns) == (29_000, 10_000, 19_000)
     assert (parts[1].kernel_ns, parts[1].idle_ns, parts[1].non_compute_ns) == (20_000, 0, 10_000)
     fb = analyze(c)
-    assert {"gpu0_idle_pct", "gpu1_idle_pct"} <= set(fb.numbers)
+    assert {"gpu0_idle_pct", "gpu1_idle_pct", "gpu0_launch_lag_median_us", "gpu1_launch_lag_median_us"} <= set(fb.numbers)
 
 
 def test_gpu_user_annotations_are_not_work(tmp_path):

@@ -84,11 +84,12 @@ def _read_idle(r: GpuReading, d: DeviceIdle, several: bool) -> None:
     lag = d.launch
     host = d.cause_share("host")
     parts = {k: v / max(sum(d.host_parts.values()), 1) for k, v in d.host_parts.items()}
-    r.numbers[f"{'gpu%d_' % d.device if several else 'gpu_'}idle_on_host_pct"] = Measure(round(100 * host, 1), "% of idle")
+    pre = f"gpu{d.device}_" if several else ""
+    r.numbers[f"{pre or 'gpu_'}idle_on_host_pct"] = Measure(round(100 * host, 1), "% of idle")
     if lag and lag.median_lag_ns is not None:
-        r.numbers["launch_lag_median_us"] = Measure(round(lag.median_lag_ns / 1e3, 2), "µs")
+        r.numbers[f"{pre}launch_lag_median_us"] = Measure(round(lag.median_lag_ns / 1e3, 2), "µs")
     if lag and lag.median_kernel_ns is not None:
-        r.numbers["kernel_median_us"] = Measure(round(lag.median_kernel_ns / 1e3, 2), "µs")
+        r.numbers[f"{pre}kernel_median_us"] = Measure(round(lag.median_kernel_ns / 1e3, 2), "µs")
     timing = _launch_words(lag)
     if d.idle_share >= HOST_BOUND_IDLE and host >= HOST_BOUND_SHARE:
         split = ", ".join(f"{k} {v:.0%}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.005)
