@@ -19,6 +19,7 @@ from infragent.analysis.kernel_names import kernel_kind, kernel_source, short_na
 from infragent.analysis.kineto import device_work, launches
 from infragent.analysis.trace_load import load_columns
 from infragent.probes.analyze import analyze
+from infragent.trace_model import TraceFormatError
 
 H200 = Path(__file__).parent / "data" / "h200"
 TRACES = ["llama8_prefill_sidecopy", "mlp_eager_vs_cudagraph", "gemm_with_h2d_copy", "flash_attention_long"]
@@ -289,3 +290,25 @@ def test_gemms_on_two_streams_overlap_and_the_gpu_is_not_host_bound():
     assert device_overlaps(load_columns(MORE / "two_stream_gemms.json.gz"))[0].compute_concurrent_ns > 1_000_000
     assert "computation on two or more streams at once" in fb.finding
     assert "roofline" in fb.next_probes[0]
+
+
+def test_a_folder_of_ranks_names_the_straggler(tmp_path):
+    """Two ranks run the same step: rank 1 computes 10 ms, rank 0 5 ms and then waits 5 ms in the all-reduce."""
+    for rank, compute in ((0, 5_000), (1, 10_000)):
+        events = []
+        for step in range(3):
+            t = step * 20_000
+            events += [_launch("cudaLaunchKernel", t, 5, 2 * step),
+                       _kernel("sm90_xmma_gemm_bf16", t + 10, compute, 2 * step),
+                       _launch("cudaLaunchKernel", t + 6, 5, 2 * step + 1),
+                       _kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", t + 10 + compute, 10_500 - compute,
+                               2 * step + 1, stream=20)]
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(
+            {"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}))
+    fb = analyze(tmp_path)
+    assert fb.verdict == "fail" and fb.finding.startswith("rank 1 is the straggler")
+    assert fb.numbers["straggler_rank"].value == 1 and set(fb.numbers) >= {"rank0_gpu_idle_pct", "rank1_gpu_idle_pct"}
+    assert "rank1.json" in fb.next_probes[0]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TraceFormatError, match="empty: no trace files"):
+        analyze(tmp_path / "empty")

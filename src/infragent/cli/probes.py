@@ -117,7 +117,8 @@ def roofline(
 
 @app.command()
 def analyze(
-    trace: str = typer.Argument(..., help="Trace file: ours, Chrome JSON or Kineto (.json or .json.gz)."),
+    trace: str = typer.Argument(..., help="Trace file: ours, Chrome JSON or Kineto (.json or .json.gz); or a folder "
+                                          "of Kineto traces, one per rank."),
     vs: Optional[str] = typer.Option(None, "--vs", help="Baseline trace: diff and attribute the change."),
     overlap: Optional[Tuple[str, str]] = typer.Option(
         None, "--overlap", help="A B: the share of A's time that B overlaps; A and B are span names, globs, "

@@ -23,8 +23,10 @@ from infragent.analysis.overlap import matrix, never_overlapping, overlap
 from infragent.analysis.trace_columns import TraceColumns
 from infragent.analysis.trace_load import load_columns
 from infragent.probes.analyze_gpu import gpu_versus, read_gpu
+from infragent.probes.analyze_ranks import analyze_ranks
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Evidence, Feedback, Measure
+from infragent.trace_model import TraceFormatError
 
 CRITICAL_PATH_MAX_EVENTS = 2_000_000
 
@@ -32,6 +34,10 @@ CRITICAL_PATH_MAX_EVENTS = 2_000_000
 def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | None = None,
             overlaps: list[tuple[str, str]] | None = None, top: int = 10, metric: str = "wall") -> Feedback:
     """Analyze one trace (against a baseline when vs is given)."""
+    if not isinstance(trace, TraceColumns) and Path(trace).is_dir():
+        if vs is not None or overlaps:
+            raise TraceFormatError(f"{trace}: --vs and --overlap take one trace file, not a folder of ranks")
+        return analyze_ranks(trace)
     c = trace if isinstance(trace, TraceColumns) else load_columns(trace)
     numbers: dict[str, Measure] = {}
     details: dict = {"source": c.source, "events": len(c), "tracks": [c.track_label(i) for i in range(len(c.tracks))]}
