@@ -11,9 +11,12 @@ every kernel the replay runs); without args, by the `ac2g` flows.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 import numpy as np
 
 from infragent.analysis.trace_columns import TraceColumns
@@ -32,11 +35,6 @@ GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)")
 def category_mask(c: TraceColumns, categories: frozenset[str]) -> np.ndarray:
     """Events whose category is one of categories."""
     return np.isin(c.cat, np.asarray([i for i, s in enumerate(c.cats) if s in categories], np.int32))
-
-
-def is_kineto(c: TraceColumns) -> bool:
-    """Whether the trace has Kineto's GPU categories (device work or launches)."""
-    return any(s in DEVICE_WORK or s in HOST_CALLS for s in c.cats)
 
 
 def device_work(c: TraceColumns) -> np.ndarray:
@@ -90,16 +88,33 @@ def launches(c: TraceColumns, work: np.ndarray | None = None) -> Launches:
     return Launches(launch, graph)
 
 
+class _Correlated(msgspec.Struct):
+    correlation: Any = None
+
+
+_CORRELATIONS = msgspec.json.Decoder(list[_Correlated])
+
+
+def _correlation_ids(c: TraceColumns, rows: np.ndarray) -> np.ndarray:
+    """The correlation id in each row's args (-1 where there is none, or none that fits an int64).
+
+    Raw args are decoded in one call, reading only that field; a batch with an odd one goes row by row."""
+    raws = [c.args[r] for r in rows.tolist()] if c.args is not None else []
+    values: list[Any]
+    if raws and all(isinstance(v, msgspec.Raw) for v in raws):
+        try:
+            values = [x.correlation for x in _CORRELATIONS.decode(b"[" + b",".join(raws) + b"]")]
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            values = [c.attrs(r).get("correlation") for r in rows.tolist()]
+    else:
+        values = [c.attrs(r).get("correlation") for r in rows.tolist()]
+    return np.asarray([v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 else -1
+                       for v in values], np.int64).reshape(-1)
+
+
 def _by_correlation(c: TraceColumns, calls: np.ndarray, work: np.ndarray) -> np.ndarray:
     """For each work row, the call row with the same correlation id (-1 when none)."""
-    def ids(rows: np.ndarray) -> np.ndarray:
-        out = np.full(rows.size, -1, np.int64)
-        for i, r in enumerate(rows.tolist()):
-            value = c.attrs(r).get("correlation")
-            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
-                out[i] = value
-        return out
-
+    ids = functools.partial(_correlation_ids, c)
     call_ids, work_ids = ids(calls), ids(work)
     have = call_ids >= 0
     call_ids, calls = call_ids[have], calls[have]

@@ -15,7 +15,8 @@ import numpy as np
 
 from infragent.trace_model import CPU_NS_KEY
 
-GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})  # what makes a stream
+# track; which of its events are GPU work is kineto.py's device_work
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,6 @@ class TraceColumns:
         """Boolean mask of events whose name (or category) satisfies predicate (evaluated once per distinct string)."""
         table, column = (self.names, self.name) if on == "name" else (self.cats, self.cat)
         return np.isin(column, np.asarray([i for i, s in enumerate(table) if predicate(s)], np.int32))
-
-    def gpu(self) -> np.ndarray:
-        """Mask of device-side events (kernels, memcpy, memset on GPU streams)."""
-        return np.isin(self.track, np.asarray([i for i, t in enumerate(self.tracks) if t.kind == "stream"], np.int32))
 
     def cpu_ns(self, mask: np.ndarray) -> np.ndarray:
         """Thread CPU time inside each selected event (from the recorder's cpu_ns arg); -1 where unknown."""
