@@ -101,7 +101,7 @@ def test_token_counts_equal_the_servers_metrics(tmp_path, monkeypatch):
     assert fb.verdict == "pass", fb.finding
     runs = json.loads(Path(fb.evidence[0].path).read_text())["runs"]
     records = [rec for run in runs for rec in run["records"]]
-    assert len(records) == 2 * (40 + 2) and all(rec["success"] for rec in records)
+    assert len(records) == 2 * (40 + 2) + 1 and all(rec["success"] for rec in records)  # + the prompt-format probe
     assert after[0] - before[0] == sum(rec["prompt_tokens"] for rec in records)
     assert after[1] - before[1] == sum(rec["output_tokens"] for rec in records)
     assert all(rec["output_tokens"] == rec["output_len"] for rec in records)  # ignore_eos: exact lengths

@@ -181,7 +181,11 @@ def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: i
                    blocks: int = LOCAL_BLOCKS + 2) -> Feedback:
     """The A/A floor on this machine: the local A/B between two launches of the baseline; the floor is the
     relative difference it shows (analysis/blocks.aa_floor)."""
-    ratios, _ = block_ratios(scenario, baseline_url, twin_url, seed, blocks)
+    ratios, runs = block_ratios(scenario, baseline_url, twin_url, seed, blocks)
+    failed = [r for run in runs.values() for r in run.records if not r.success and not r.warmup]
+    if failed and not any(r.success and not r.warmup for run in runs.values() for r in run.records):
+        return Feedback("calibration", "fail", f"A/A: every request failed ({len(failed)}): {failed[0].error}",
+                        numbers={}, details={"log_ratios": ratios, "errors": [r.error for r in failed[:5]]})
     estimate = block_estimate(ratios, LOCAL_CONFIDENCE)
     floor = aa_floor(estimate)
     finding = (f"A/A: two launches of the baseline differ by x{estimate.ratio:.3f} [{estimate.lo:.3f}, "

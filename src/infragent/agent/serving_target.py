@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -168,7 +169,11 @@ class ServingTarget:
                 feedback = self._probe(lambda: aa_calibration(self.spec.scenarios[0], base.base_url,
                                                               twin.base_url, seed=7), twin)
             ctx.record(key, feedback, self.base_experiment, started)
-        return float(ctx.done[key]["feedback"]["numbers"]["aa_floor"]["value"])
+        value = ctx.done[key]["feedback"]["numbers"].get("aa_floor", {}).get("value")
+        if value is None or not math.isfinite(value):  # nothing to compare with: stop the run, saying why
+            raise RunError(f"the A/A calibration gave no floor, so no local A/B can be judged: "
+                           f"{ctx.done[key]['feedback']['finding']}")
+        return float(value)
 
     def workspace(self, ctx: RunContext, number: int) -> Workspace:
         """A worktree of the target's code for candidate number."""

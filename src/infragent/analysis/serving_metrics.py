@@ -37,6 +37,8 @@ class RequestRecord:
     error: str = ""
     warmup: bool = False
     output_digest: str = ""  # a hash of the generated text (greedy runs of two servers should match)
+    output_counted: str = ""  # where output_tokens came from: "usage" (the server's), "text" (re-tokenized)
+    output_text: str = ""  # the text, kept only until it is counted when the server gave no usage
 
     @property
     def tpot_s(self) -> float:

@@ -186,6 +186,8 @@ def loadgen(
     length_dist: str = typer.Option("fixed", "--length-dist", help="fixed, uniform or lognormal."),
     random_range_ratio: float = typer.Option(0.0, "--random-range-ratio"),
     vocab_size: int = typer.Option(49152, "--vocab-size", help="Token ids of random prompts are drawn below this."),
+    prompt_format: str = typer.Option("auto", "--prompt-format", help="Random prompts as tokens (ids) or text "
+                                      "(decoded, re-encoded to the length within 2%); auto asks the server once."),
     goodput: List[str] = typer.Option([], "--goodput", help="SLOs in ms, e.g. ttft:500 tpot:50 (repeatable)."),
     warmup: int = typer.Option(2, "--warmup", help="Requests sent first and left out of the metrics."),
     repeats: int = typer.Option(1, "--repeats", help="Run N times; report medians with CIs across runs."),
@@ -213,7 +215,7 @@ def loadgen(
                         random_input_len=random_input_len, random_output_len=random_output_len,
                         length_dist=length_dist, random_range_ratio=random_range_ratio, vocab_size=vocab_size,
                         goodput_ms=slos, warmup=warmup, repeats=repeats, seed=seed, api_key=api_key,
-                        progress=not as_json, budget_s=budget_s)
+                        progress=not as_json, budget_s=budget_s, prompt_format=prompt_format)
     try:
         feedback = run_loadgen(config)
     except (DatasetError, ValueError, ConnectionError) as err:

@@ -5,7 +5,7 @@ recorded probes are kept and skipped, and a target left behind by the crashed ru
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -15,7 +15,7 @@ from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import guarded_run, launched, open_run
 from infragent.lab.spec import Scenario, Spec, load_spec
 from infragent.probes.load_pairs import run_interleaved_sync
-from infragent.probes.loadgen import LoadConfig, discover_model, fresh_seed, run_loadgen
+from infragent.probes.loadgen import LoadConfig, discover_model, fresh_seed, prompt_format, run_loadgen
 
 
 def loadgen_config(scenario: Scenario, base_url: str, seed: int | None = None) -> LoadConfig:
@@ -38,6 +38,9 @@ def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], seed: i
     prompts = fresh_seed()
     configs = {name: loadgen_config(scenario, url, prompts) for name, url in base_urls.items()}
     models = {name: discover_model(config) for name, config in configs.items()}
+    formats = {prompt_format(config, models[name])[0] for name, config in configs.items()}
+    configs = {name: replace(config, prompt_format="text" if "text" in formats else "tokens")  # one workload
+               for name, config in configs.items()}
     runs = run_interleaved_sync(configs, models, seed=prompts, block=block, order_seed=seed)
     return {name: Run(run.records, run.duration_s, dict(scenario.goodput_ms) or None) for name, run in runs.items()}
 

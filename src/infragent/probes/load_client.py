@@ -87,6 +87,7 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
     """POST body with stream=true and fill record (TTFT, ITL, latency, usage) as vLLM's client does."""
     reusable, conn = False, None
     output = hashlib.sha256()  # of the generated text: whether two servers said the same thing
+    pieces: list[str] = []
     start = clock()  # as vLLM: the clock starts before the connection is made or reused
     record.start_s = start
     try:
@@ -120,13 +121,17 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
                     last_token = now
                 last = now  # the latency runs to the last chunk with choices, as vLLM's
                 output.update(piece.encode())
+                pieces.append(piece)
                 if on_text is not None:
                     on_text(piece)
             elif data.get("usage"):
                 record.prompt_tokens = int(data["usage"].get("prompt_tokens") or 0)
                 record.output_tokens = int(data["usage"].get("completion_tokens") or 0)
+                record.output_counted = "usage"
         record.latency_s = last - start
         record.output_digest = output.hexdigest()[:16]
+        if record.output_counted != "usage":
+            record.output_text = "".join(pieces)  # counted after the run (loadgen.finish_run), off the clock
         record.success = first_chunk
         if not first_chunk:
             record.error = "stream ended without a token chunk"

@@ -1,8 +1,10 @@
 """What loadgen sends: random token prompts, a prompt file, or ShareGPT conversations.
 
 Random prompts are token-id lists (exact lengths on any OpenAI-compatible server that accepts token
-prompts, as vLLM, SGLang and ours do). Each starts with two tokens encoding its index, so no two random
-prompts share even their first two tokens and prefix caching cannot skew a benchmark.
+prompts, as vLLM, SGLang and ours do), or the same ids as text for servers that take text only (llama.cpp's
+Python server, chat endpoints), re-encoded to the asked length within 2%. Each starts with two tokens encoding
+its index, so no two random prompts share even their first two tokens and prefix caching cannot skew a
+benchmark.
 """
 from __future__ import annotations
 
@@ -113,3 +115,31 @@ def sharegpt_requests(path: str | Path, count_tokens: Callable[[str], int], max_
     if not requests:
         raise DatasetError(f"{path}: no usable conversations (need a human turn and a reply, 4+ tokens each)")
     return requests
+
+
+TEXT_TOLERANCE = 0.02  # a text prompt re-encodes to its asked length within 2% (at least 1 token either way)
+
+
+def as_text(requests: list[RequestSpec], encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+            vocab_size: int, seed: int = 0) -> list[RequestSpec]:
+    """Random token prompts as text, for servers that take text only (as vLLM's bench does for them): each
+    prompt's ids decoded, then cut or extended with more random ids until the text re-encodes to the asked
+    length within TEXT_TOLERANCE; prompt_len is the re-encoded count. The unique first two tokens stay."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in requests:
+        ids = list(spec.prompt) if isinstance(spec.prompt, list) else encode(spec.prompt)
+        target = spec.prompt_len
+        slack = max(1, round(TEXT_TOLERANCE * target))
+        text = decode(ids)
+        for _ in range(8):
+            n = len(encode(text))
+            if abs(n - target) <= slack:
+                break
+            if n > target:
+                ids = ids[:max(2, len(ids) - (n - target))]
+            else:
+                ids = ids + rng.integers(1000, vocab_size, size=target - n).tolist()
+            text = decode(ids)
+        out.append(RequestSpec(text, len(encode(text)), spec.output_len))
+    return out

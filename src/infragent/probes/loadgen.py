@@ -13,13 +13,14 @@ share is flagged (load_cache.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import math
 import secrets
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -32,7 +33,7 @@ from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.load_arrivals import arrival_times
 from infragent.probes.load_cache import CacheCheck, cache_check, read_counters
 from infragent.probes.load_client import ConnectionPool, now_clock, stream_request
-from infragent.probes.load_datasets import RequestSpec, file_requests, random_requests, sharegpt_requests
+from infragent.probes.load_datasets import RequestSpec, as_text, file_requests, random_requests, sharegpt_requests
 
 
 PREWARM = 16  # connections opened before the measured requests when concurrency is unlimited
@@ -66,6 +67,7 @@ class LoadConfig:
     api_key: str | None = None
     progress: bool = True
     budget_s: float | None = None  # most seconds for all repeats, warm-up included; then stop and say so
+    prompt_format: str = "auto"  # random prompts as "tokens" (ids) or "text"; auto: ask the server (prompt_format)
 
 
 @dataclass
@@ -85,19 +87,13 @@ def build_requests(config: LoadConfig, n: int, seed: int) -> list[RequestSpec]:
     if config.dataset_name == "random":
         requests = random_requests(n, config.random_input_len, config.random_output_len, config.vocab_size,
                                    config.length_dist, config.random_range_ratio, config.lognormal_sigma, seed)
-        if config.endpoint.endswith("chat/completions"):  # chat takes text: decode the ids (as vLLM does)
-            from infragent.engine.tokenizer import Tokenizer
-
-            tokenizer = Tokenizer.from_gguf()
-            for request in requests:
-                request.prompt = tokenizer.decode(request.prompt)  # type: ignore[arg-type]
+        if config.endpoint.endswith("chat/completions") or config.prompt_format == "text":
+            tokenizer = _tokenizer()  # chat and text-only servers take text: the ids decoded, lengths kept
+            requests = as_text(requests, tokenizer.encode, tokenizer.decode, config.vocab_size, seed)
         return requests
     if not config.dataset_path:
         raise ValueError(f"--dataset-name {config.dataset_name}: needs --dataset-path")
-    from infragent.engine.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_gguf()  # lengths for buckets only; token counts come from the server's usage
-    count = lambda text: len(tokenizer.encode(text))  # noqa: E731
+    count = count_tokens  # lengths for buckets only; token counts come from the server's usage
     if config.dataset_name == "file":
         pool = file_requests(config.dataset_path, config.random_output_len, count)
     elif config.dataset_name == "sharegpt":
@@ -105,6 +101,66 @@ def build_requests(config: LoadConfig, n: int, seed: int) -> list[RequestSpec]:
     else:
         raise ValueError(f"--dataset-name {config.dataset_name!r}: choose random, file or sharegpt")
     return [pool[i % len(pool)] for i in range(n)]
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer():  # noqa: ANN202 - the engine's Tokenizer, loaded once, only when text must be made or counted
+    from infragent.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf()
+
+
+def count_tokens(text: str) -> int:
+    """Tokens in text by the SmolLM2 tokenizer: prompt lengths of text datasets, and output tokens of a server
+    whose stream reports no usage (another model's tokenizer counts differently: usage is preferred)."""
+    return len(_tokenizer().encode(text))
+
+
+class PromptFormat(NamedTuple):
+    """How random prompts go out, why, and the probe request that asked the server (a warm-up record)."""
+
+    fmt: str  # tokens | text
+    why: str
+    probe: RequestRecord | None = None
+
+
+PROBE_IDS = [1000, 1001, 1002, 1003]
+
+
+def prompt_format(config: LoadConfig, model: str) -> PromptFormat:
+    """"text" for chat endpoints and servers that refuse a token-id prompt (asked with a probe of a few ids,
+    max_tokens 1, kept as a warm-up record by run_loadgen), else "tokens" (exact lengths). An explicit choice
+    stands. Asked each time: a port may be another server's by the next run."""
+    if config.prompt_format in ("tokens", "text"):
+        return PromptFormat(config.prompt_format, "as asked")
+    if config.prompt_format != "auto":
+        raise ValueError(f"--prompt-format {config.prompt_format!r}: choose auto, tokens or text")
+    if config.endpoint.endswith("chat/completions"):
+        return PromptFormat("text", "a chat endpoint takes text")
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    body = {"model": model, "prompt": PROBE_IDS, "max_tokens": 1, "temperature": 0.0}
+    probe = RequestRecord(-1_000_000, len(PROBE_IDS), 1, warmup=True)
+    try:
+        answer = httpx.post(f"{config.base_url.rstrip('/')}{config.endpoint}", json=body, headers=headers, timeout=60)
+    except httpx.HTTPError as err:
+        probe.error = f"prompt-format probe: {err}"
+        return PromptFormat("tokens", "the server did not answer a token-id prompt; its requests will say why", probe)
+    first = (answer.text.strip().splitlines() or [""])[0][:200]
+    if answer.status_code in (400, 422):
+        probe.error = f"HTTP {answer.status_code}: {first}"
+        found = ("text", f"the server refused a token-id prompt (HTTP {answer.status_code}: {first})")
+    elif answer.status_code == 200:
+        usage = (answer.json().get("usage") or {}) if answer.headers.get("content-type", "").startswith(
+            "application/json") else {}
+        probe.success, probe.output_counted = True, "usage" if usage else ""
+        probe.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        probe.output_tokens = int(usage.get("completion_tokens") or 0)
+        found = ("tokens", "the server took a token-id prompt")
+    else:
+        probe.error = f"HTTP {answer.status_code}: {first}"
+        return PromptFormat("tokens", f"the server answered a token-id prompt with HTTP {answer.status_code}; its "
+                                      "requests will say why", probe)
+    return PromptFormat(*found, probe)
 
 
 def request_body(config: LoadConfig, model: str, spec: RequestSpec) -> dict[str, Any]:
@@ -221,7 +277,14 @@ async def _finished(tasks: list[asyncio.Task], timeout_s: float | None) -> list[
 
 
 def finish_run(config: LoadConfig, records: list[RequestRecord], duration: float) -> LoadRun:
-    """A LoadRun with its metrics, overall and per prompt-length bucket."""
+    """A LoadRun with its metrics, overall and per prompt-length bucket. Output tokens of a server whose stream
+    reported no usage are counted from the text it sent (re-tokenized)."""
+    for record in records:
+        if record.output_text:
+            record.output_tokens, record.output_counted = count_tokens(record.output_text), "text"
+            record.output_text = ""
+        if record.success and record.output_counted != "usage" and not record.prompt_tokens:
+            record.prompt_tokens = record.prompt_len  # no usage: the client's own count of what it sent
     return LoadRun(records, duration, serving_metrics(records, duration, config.goodput_ms or None),
                    by_bucket(records, duration, config.goodput_ms or None))
 
@@ -240,6 +303,8 @@ def run_loadgen(config: LoadConfig) -> Feedback:
     model = discover_model(config)
     if config.seed is None:
         config = replace(config, seed=fresh_seed())
+    fmt, why, probe = prompt_format(config, model)
+    config = replace(config, prompt_format=fmt)
     start = time.monotonic()
     runs: list[LoadRun] = []
     for r in range(config.repeats):
@@ -249,7 +314,10 @@ def run_loadgen(config: LoadConfig) -> Feedback:
         runs.append(asyncio.run(run_once(config, model, config.seed + r, left)))
         if runs[-1].stopped:
             break
+    if probe is not None and runs:
+        runs[0].records.insert(0, probe)  # a real request the server counted: kept, as a warm-up
     feedback = to_feedback(config, model, runs)
+    feedback.locality["prompts"] = f"{fmt}: {why}"
     if len(runs) < config.repeats or runs[-1].stopped:
         done = sum(r.metrics.completed for r in runs)
         had = f"{len(runs)} of {config.repeats} repeats, {done} of {config.num_prompts * config.repeats} requests done"
@@ -283,12 +351,20 @@ def to_feedback(config: LoadConfig, model: str, runs: list[LoadRun]) -> Feedback
         for stat in ("median", "p99"):
             across(f"{name.removesuffix('_ms')}_{stat}_ms", [getattr(getattr(r.metrics, name), stat) for r in runs], "ms")
     failed = sum(r.metrics.failed for r in runs)
-    errors = [rec.error for r in runs for rec in r.records if not rec.success][:5]
+    errors = [rec.error for r in runs for rec in r.records if not rec.success and not rec.warmup][:5]
     verdict = "pass" if failed == 0 else "fail"
     m = runs[-1].metrics
     finding = (f"{m.completed} requests in {m.duration_s:.1f}s: {numbers['output_throughput'].value:.1f} output tok/s, "
                f"TTFT p99 {numbers['ttft_p99_ms'].value:.0f} ms, TPOT median {numbers['tpot_median_ms'].value:.1f} ms"
                + (f"; {failed} failed ({errors[0]})" if failed else ""))
+    completed = sum(r.metrics.completed for r in runs)
+    if failed and not completed:
+        verdict, finding = "fail", f"every request failed ({failed}): {errors[0] if errors else 'no reason given'}"
+    elif completed and not sum(rec.output_tokens for r in runs for rec in r.records
+                               if rec.success and not rec.warmup):
+        verdict = "fail"
+        finding += ("; no output tokens counted: the server's stream gave neither usage nor text, so throughput "
+                    "and TPOT mean nothing")
     cached = [r.cache for r in runs if r.cache is not None and r.cache.flagged]
     if cached:
         worst = max(cached, key=lambda c: c.hit_rate)
