@@ -172,7 +172,8 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
 
     @tool
     def analyze(trace: Annotated[str, Field(description="A trace file: infragent's, Chrome JSON or Kineto (.json "
-                                                        "or .json.gz)", examples=["trace.json"])],
+                                                        "or .json.gz); or a folder of Kineto traces, one per rank",
+                                            examples=["trace.json"])],
                 vs: Annotated[str | None, Field(description="A baseline trace: diff and attribute the change",
                                                 examples=["baseline.json"])] = None,
                 overlap_a: Annotated[str | None, Field(description="With overlap_b: the share of A's time B overlaps "
@@ -182,7 +183,8 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
                 top: Annotated[int, Field(description="Rows in the top-N lists", examples=[10])] = 10,
                 metric: Annotated[str, Field(description="What the end-to-end time is called in the diff",
                                              examples=["TTFT"])] = "wall") -> str:
-        """Attribute a trace: breakdown, thread-aware overlap, idle gaps, critical path; with vs, the diff."""
+        """Attribute a trace: breakdown, thread-aware overlap, idle gaps, critical path; with vs, the diff. A GPU
+        trace is read for its GPU first: idle time explained (waiting on the host?), kernels, overlap across streams."""
         from infragent.probes.analyze import analyze as run_analyze
 
         pairs = [(overlap_a, overlap_b)] if overlap_a and overlap_b else []
