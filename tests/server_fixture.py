@@ -76,14 +76,21 @@ def thread_server(api_key: str | None = None, max_waiting: int = 256, disagg: ob
     port = free_port()
     server = make_server(config or tiny_config(**knobs), port=port, api_key=api_key, max_waiting=max_waiting,
                          shutdown_timeout_s=5, disagg=disagg, max_request_bytes=max_request_bytes)
-    thread = threading.Thread(target=server.run, daemon=True)
+    with in_thread(server, port) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def in_thread(server: object, port: int) -> Iterator[str]:
+    """Run a uvicorn Server in a daemon thread; yield its base URL once /health answers; stop it."""
+    thread = threading.Thread(target=server.run, daemon=True)  # type: ignore[attr-defined]
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url)
         yield url
     finally:
-        server.should_exit = True
+        server.should_exit = True  # type: ignore[attr-defined]
         thread.join(30)
 
 

@@ -7,8 +7,6 @@ the stream carries no `usage` (stream_options is ignored). Generation is the rea
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from typing import Iterator
 
 import httpx
@@ -17,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from server_fixture import free_port, wait_healthy
+from server_fixture import free_port, in_thread
 
 
 def front_app(upstream: str, refuse: int | None = None) -> FastAPI:
@@ -74,14 +72,5 @@ def text_only_front(upstream: str, refuse: int | None = None) -> Iterator[str]:
     """Serve the front on a free port in a thread; yield its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(front_app(upstream, refuse), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url)
+    with in_thread(server, port) as url:
         yield url
-    finally:
-        server.should_exit = True
-        deadline = time.monotonic() + 10
-        while thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
