@@ -39,11 +39,23 @@ class RankReading:
 
 def rank_files(folder: Path) -> list[Path]:
     """The trace files of a folder, one per rank."""
-    files = sorted(p for p in folder.iterdir() if p.is_file() and TRACE_FILE.search(p.name))
+    files = sorted(p for p in folder.iterdir() if p.is_file() and TRACE_FILE.search(p.name) and _looks_like_trace(p))
     if not files:
         raise TraceFormatError(f"{folder}: no trace files (*.json or *.json.gz) in this folder; give a trace file, "
                                "or a folder holding one trace per rank")
     return files
+
+
+def _looks_like_trace(path: Path) -> bool:
+    """A Chrome/Kineto trace names its events near the top (other JSON files in the folder, such as notes, do not)."""
+    import gzip
+
+    try:
+        with (gzip.open(path) if path.name.endswith(".gz") else path.open("rb")) as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return True  # unreadable: let the loader say why
+    return b'"traceEvents"' in head or head.lstrip()[:1] == b"["
 
 
 def rank_of(c: TraceColumns, path: Path, fallback: int) -> int:
