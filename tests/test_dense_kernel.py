@@ -57,7 +57,7 @@ def test_a_linear_runs_the_kernel_only_at_its_chosen_row_counts_and_shares_a_tie
     nbytes = head.weight_bytes()
     native = tuple(m in (1, 2) for m in range(ROWS[-1] + 1))
     head.use_dense_kernel(native, embed)
-    assert head.weight_t.t().data_ptr() == embed.data_ptr() and head.weight_bytes() == nbytes
+    assert head.weight_rows is embed and head.weight_bytes() == nbytes  # the kernel reads the embedding itself
     calls = []
     real = torch.ops.infragent.dense_linear
 
@@ -74,6 +74,35 @@ def test_a_linear_runs_the_kernel_only_at_its_chosen_row_counts_and_shares_a_tie
     finally:
         torch.ops.infragent = ops
     assert calls == [1, 2]
+    whole = Linear(embed)
+    whole.use_dense_kernel(tuple(m > 0 for m in range(ROWS[-1] + 1)), embed)
+    assert whole.weight_t.t().data_ptr() == embed.data_ptr()  # the kernel at every row count: one layout, shared
+
+
+@needs_kernels
+def test_a_tied_head_keeps_blas_layout_for_the_rows_the_kernel_loses_and_reads_the_embedding_for_the_rest() -> None:
+    embed = torch.randn(96, 64)
+    head = Linear(embed)
+    blas_layout = head.weight_t
+    native = tuple(m >= 2 for m in range(ROWS[-1] + 1))  # one row: BLAS on W transposed is faster
+    head.use_dense_kernel(native, embed)
+    assert head.weight_t is blas_layout and head.weight_rows is embed  # no copy made: the embedding is held anyway
+    for m in (1, 2, 5):
+        x = torch.randn(m, 64)
+        assert torch.allclose(head(x), x @ embed.t(), rtol=1e-5, atol=1e-5)
+    untied = Linear(torch.randn(96, 64))
+    untied.use_dense_kernel(native)
+    assert untied.weight_rows is None and untied.weight_t.t().is_contiguous()  # one layout: the kernel's
+
+
+def test_with_both_layouts_held_the_kernel_need_only_beat_blas_on_w_transposed() -> None:
+    speedups = {rows: [2.0] for rows in ROWS}
+    speedups[1] = [0.8]  # the LM head of an EPYC: one row slower, four rows far faster
+    blas_rows = {rows: [1.0] for rows in ROWS}
+    blas_rows[1] = [0.57]
+    choice = ShapeChoice(49152, 512, 1, speedups, blas_rows)
+    assert not any(choice.native_rows())  # one layout: the switch would cost one row 20%
+    assert [m for m, on in enumerate(choice.native_rows(both_layouts=True)) if on] == list(range(2, 65))
 
 
 def test_a_row_count_takes_the_choice_measured_at_the_next_size_up() -> None:
@@ -129,7 +158,7 @@ def test_the_engine_uses_the_kernel_where_measured_and_never_under_kernels_torch
     torch_ops = LLM(model="hybrid", hybrid=hybrid, num_threads=1, max_model_len=256, kv_cache_gb=0.02,
                     kernels="torch")
     try:
-        expected = dense_choice.choose(*auto.engine.model.embed.shape, 1).native_rows()
+        expected = dense_choice.choose(*auto.engine.model.embed.shape, 1).native_rows(both_layouts=True)  # tied
         assert auto.engine.model.lm_head.native_rows == expected
         assert not torch_ops.engine.model.lm_head.native_rows
         prompts = ["The capital of France is", "1 2 3 4"]

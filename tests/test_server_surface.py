@@ -86,7 +86,10 @@ def test_chat_logprobs_whole_and_streamed_parse_in_the_official_client(client):
                for c in content)
     streamed = [c for chunk in client.chat.completions.create(**kwargs, stream=True) if chunk.choices
                 and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content]
-    assert [(c.token, round(c.logprob, 5)) for c in streamed] == [(c.token, round(c.logprob, 5)) for c in content]
+    # The second request may reuse the first's cached prompt blocks, a different order of float sums: the same
+    # tokens, and logprobs equal to well within what greedy decoding could notice (rounding can straddle a digit).
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-4)
 
 
 def test_penalties_stop_token_ids_and_min_tokens(server, reference):

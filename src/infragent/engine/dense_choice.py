@@ -46,11 +46,15 @@ class ShapeChoice:
     blas_rows: dict[int, list[float]]
     kept: bool = True  # False: measured while contended, for this process only
 
-    def native_rows(self) -> tuple[bool, ...]:
-        """[m] for m in 0..64: whether a product of m rows runs the native kernel."""
+    def native_rows(self, both_layouts: bool = False) -> tuple[bool, ...]:
+        """[m] for m in 0..64: whether a product of m rows runs the native kernel. both_layouts: W is held as
+        [out, in] anyway (a tied LM head's embedding), so BLAS keeps W transposed for the other row counts and
+        the kernel need only beat that; otherwise W has one layout, which must cost no row count."""
         native = {rows: statistics.median(s) for rows, s in self.speedups.items()}
         blas = {rows: statistics.median(s) for rows, s in self.blas_rows.items()}
-        if any(max(native[rows], blas[rows]) < TOLERANCE for rows in ROWS):
+        if both_layouts:
+            blas = {rows: 0.0 for rows in ROWS}
+        elif any(max(native[rows], blas[rows]) < TOLERANCE for rows in ROWS):
             return (False,) * (ROWS[-1] + 1)  # the switch of layout would cost some row count: keep BLAS
         wins = {rows: native[rows] > max(1.0, blas[rows]) for rows in ROWS}
         return tuple(m > 0 and wins[next(r for r in ROWS if r >= m)] for m in range(ROWS[-1] + 1))

@@ -120,8 +120,9 @@ class DecoderModel:
                 continue
             if (out_features, in_features) not in seen:
                 seen[out_features, in_features] = dense_choice.choose(out_features, in_features, threads)
-            tied = self.embed if lin is self.lm_head and isinstance(self.embed, torch.Tensor) else None
-            lin.use_dense_kernel(seen[out_features, in_features].native_rows(), tied)
+            tied = (self.embed if lin is self.lm_head and self.shape.tie_word_embeddings
+                    and isinstance(self.embed, torch.Tensor) else None)
+            lin.use_dense_kernel(seen[out_features, in_features].native_rows(both_layouts=tied is not None), tied)
         return [choice.describe() for choice in seen.values()]
 
     def use_kda_decode(self, impl: str, bv_tile: int | None, head_split: int) -> None:

@@ -46,21 +46,29 @@ class Linear:
         self.weight_t = weight.t().contiguous()
         self.gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # None: torch.mm
         self.native_rows: tuple[bool, ...] = ()  # [m]: whether a product of m rows runs the native kernel
+        self.weight_rows: torch.Tensor | None = None  # W as [out, in] for the kernel, when not weight_t.t()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemm is not None:
             return self.gemm(x, self.weight_t)
         rows = x.shape[0]
         if rows < len(self.native_rows) and self.native_rows[rows]:
-            return torch.ops.infragent.dense_linear(x.contiguous(), self.weight_t.t())
+            weight = self.weight_rows if self.weight_rows is not None else self.weight_t.t()
+            return torch.ops.infragent.dense_linear(x.contiguous(), weight)
         return torch.mm(x, self.weight_t)
 
     def use_dense_kernel(self, native_rows: tuple[bool, ...], weight: torch.Tensor | None = None) -> None:
         """Run products of m rows through the native dense kernel where native_rows[m]; weight: this W as
-        [out, in], when the model already holds it so (a tied LM head's embedding), to share it."""
+        [out, in], when the model already holds it so (a tied LM head's embedding), to share it. Shared, the
+        kernel reads it and BLAS keeps W transposed for the row counts the kernel does not run (when there
+        are any); otherwise W has the kernel's layout alone."""
         self.native_rows = native_rows
-        if any(native_rows) and self.weight_t.is_contiguous():
-            held = weight if weight is not None and weight.shape == self.weight_t.t().shape else None
+        if not any(native_rows) or not self.weight_t.is_contiguous():
+            return
+        held = weight if weight is not None and weight.shape == self.weight_t.t().shape else None
+        if held is not None and not all(native_rows[1:]):
+            self.weight_rows = held
+        else:
             self.weight_t = (held if held is not None else self.weight_t.t().contiguous()).t()
 
     def weight_bytes(self) -> int:
