@@ -54,10 +54,13 @@ def tiny_config(**knobs: object) -> EngineConfig:
     return EngineConfig(model="hybrid", hybrid=HybridConfig(**TINY_HYBRID), num_threads=1, **knobs)
 
 
-def wait_healthy(url: str, timeout: float = 60.0) -> None:
-    """Poll /health until it answers 200."""
+def wait_healthy(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll /health until it answers 200 (failing at once, with its output, if proc exits first)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            output = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"server at {url} exited with {proc.returncode} before it was healthy:\n{output}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
                 return
@@ -105,7 +108,9 @@ def process_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen]]:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url)
+        # a server of several processes (EP ranks, disaggregated workers) each importing torch can take
+        # minutes to come up on a loaded 2-core machine; a health wait is not a timing assertion
+        wait_healthy(url, timeout=240.0, proc=proc)
         yield url, proc
     finally:
         if proc.poll() is None:

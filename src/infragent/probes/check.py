@@ -20,6 +20,7 @@ from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.guards import GuardHit, aliased_output, clone_value, dependence_guard, mutated_argument, param_names
 from infragent.probes.inputs import Case, InputsFactory, call, draw, tensors_of
 from infragent.probes.precision import ERROR_LEVELS, likely_precision
+from infragent.probes.precision_cause import PrecisionCause, precision_cause
 from infragent.probes.partition import (Localization, PartitionError, PartitionRun, PartitionSpec, localize,
                                         parse_partition, run_partitioned)
 
@@ -145,7 +146,8 @@ def run_check(candidate: Callable[..., Any], reference: Callable[..., Any], fact
         began = time.monotonic()
         results.append(_trial(candidate, reference, draw(factory, t, seed), t, spec, rtol, params, hits))
         last = time.monotonic() - began
-    feedback = _feedback(spec, results, hits)
+    cause = _cause(candidate, reference, factory, seed, results, hits, budget_s, started)
+    feedback = _feedback(spec, results, hits, cause)
     if len(results) < trials:
         feedback.details["budget_hit"] = True
         feedback.finding += (f" (stopped after {len(results)} of {trials} trials: budget_s={budget_s:g} spent, "
@@ -155,6 +157,27 @@ def run_check(candidate: Callable[..., Any], reference: Callable[..., Any], fact
         feedback.next_probes.insert(0, f"check again with budget_s={2 * (budget_s or 0) + 10:.0f} for all "
                                        f"{trials} trials")
     return feedback
+
+
+CAUSE_BUDGET_S = 30.0  # for the controlled re-runs that name a precision cause, when check has no budget
+
+
+def _cause(candidate: Callable[..., Any], reference: Callable[..., Any], factory: InputsFactory, seed: int,
+           results: list[TrialResult], hits: list[GuardHit], budget_s: float | None,
+           started: float) -> PrecisionCause | None:
+    """The precision cause of the first full-run mismatch (precision_cause.py), when the check fails on values
+    alone: no guard hit, nothing raised, shapes alike, and the error not already plain (missing values)."""
+    bad = next((r for r in results if r.comparison and not r.comparison.ok and not r.comparison.problem), None)
+    if bad is None or hits or any(r.error for r in results):
+        return None
+    c = bad.comparison
+    if c.bad and c.zeros >= MISSING_SHARE * c.bad:
+        return None
+    left = CAUSE_BUDGET_S if budget_s is None else budget_s - (time.monotonic() - started)
+    if left <= 0:
+        return None
+    case = draw(factory, bad.trial, seed)
+    return precision_cause(candidate, reference, case, reduction=_reduction_of(case), seed=seed, budget_s=left)
 
 
 def _only(spec: PartitionSpec, loc: Localization) -> str:
@@ -192,21 +215,25 @@ WRONG_LEVEL = 2.0 ** (max(ERROR_LEVELS.values()) + 3)  # 8x the coarsest operand
 MISSING_SHARE = 0.9  # of the bad elements exactly 0 where the reference is not: values missing
 
 
-def _precision_note(max_rel_err: float, comparison: OutputDiff | None = None) -> str:
-    """What kind of error this is: values missing (zeros where the reference has values), values wrong (an
-    error far above any precision's rounding level: no dtype is to blame), or the error level of an operand
-    precision when it is one."""
+def _precision_note(max_rel_err: float, comparison: OutputDiff | None = None,
+                    cause: PrecisionCause | None = None) -> str:
+    """What kind of error this is: values missing (zeros where the reference has values), the cause the
+    controlled re-runs named, values wrong (an error far above any precision's rounding level: no dtype is to
+    blame), or else the error level of an operand precision, said to be a level only."""
     if comparison is not None and comparison.bad and comparison.zeros >= MISSING_SHARE * comparison.bad:
         return (f"; values wrong, missing: the candidate gives 0 where the reference does not ({comparison.zeros} "
                 f"of {comparison.bad} bad elements), not a rounding difference (no dtype is to blame)")
+    if cause is not None and cause.cause != "unknown":
+        return f"; cause: {cause.finding}"
     if max_rel_err > WRONG_LEVEL:
         return (f"; values wrong: an error of {max_rel_err:.2g} is far above any precision's rounding level "
                 "(no dtype is to blame)")
     name = likely_precision(max_rel_err)
-    return "" if name.startswith(("fp32", "exact")) else f"; an error level typical of {name}"
+    return "" if name.startswith(("fp32", "exact")) else f"; an error level typical of {name} (the level only)"
 
 
-def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[GuardHit]) -> tuple[str, str, dict[str, Any]]:
+def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[GuardHit],
+             cause: PrecisionCause | None = None) -> tuple[str, str, dict[str, Any]]:
     """(verdict, one-line finding, locality) from the trials and guard hits."""
     compared = [r for r in results if r.comparison and not r.comparison.problem]
     if hits:
@@ -227,22 +254,31 @@ def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[
         worst = worst_unpartitioned(results)  # the number the check records as max_rel_err
         if loc:
             who = (f"shard {loc.shard}" if len(loc.shards) == 1 else
+                   f"all {spec.count} shards" if len(loc.shards) == spec.count else
                    "shards " + ", ".join(map(str, loc.shards)))
             verb = "differs" if len(loc.shards) == 1 else "differ"
             where = {"partition": spec.text, "shard": loc.shard, "slice": loc.slice, "range": list(loc.range), **where}
             if len(loc.shards) > 1:
                 where["shards"] = loc.shards
             return "fail", (f"{who} of {spec.text} {verb}: {loc.slice}{_only(spec, loc)}, first bad index {c.first_bad_index}, "
-                            f"max rel err {_err(worst)} over {len(compared)} trials{_precision_note(worst, c)}"), where
+                            f"max rel err {_err(worst)} over {len(compared)} trials{_precision_note(worst, c, cause)}"), where
         at = f"output {c.output} index" if c.output else "index"
         overall = "" if _err(worst) == _err(c.max_rel_err) else f"; worst over {len(compared)} trials {_err(worst)}"
         text = (f"differs on {len(bad)}/{len(compared)} trials: first on case {first.label!r} at {at} "
                 f"{c.first_bad_index}, max rel err {_err(c.max_rel_err)} there (tol {_err(c.tol)}){overall}"
-                f"{_precision_note(worst, c)}")
+                f"{_precision_note(worst, c, cause)}")
         if spec and spec.sums and first.partitioned and first.partitioned.bad_shards:
-            shard = first.partitioned.bad_shards[0]
-            text += f"; on {spec.text} shard {shard.index} ({shard.inputs}) differs too"
-            where.update(partition=spec.text, shard=shard.index, inputs=shard.inputs)
+            shards = first.partitioned.bad_shards
+            shard = shards[0]
+            count = len(first.partitioned.shards)
+            if len(shards) == count and count > 1:
+                text += f"; on {spec.text} all {count} shards differ too"
+            elif len(shards) > 1:
+                text += f"; on {spec.text} shards {', '.join(str(b.index) for b in shards)} of {count} differ too"
+            else:
+                text += f"; on {spec.text} shard {shard.index} ({shard.inputs}) differs too"
+            where.update(partition=spec.text, shard=shard.index, inputs=shard.inputs,
+                         shards=[b.index for b in shards])
         return "fail", text, where
     part = next((r for r in results if r.partitioned and not r.partitioned.ok), None)
     if part:
@@ -284,8 +320,9 @@ def _finding(spec: PartitionSpec | None, results: list[TrialResult], hits: list[
     return "pass", text, {}
 
 
-def _feedback(spec: PartitionSpec | None, results: list[TrialResult], hits: list[GuardHit]) -> Feedback:
-    verdict, finding, locality = _finding(spec, results, hits)
+def _feedback(spec: PartitionSpec | None, results: list[TrialResult], hits: list[GuardHit],
+              cause: PrecisionCause | None = None) -> Feedback:
+    verdict, finding, locality = _finding(spec, results, hits, cause)
     compared = [r for r in results if r.comparison and not r.comparison.problem]
     n = len(compared)
     numbers = {
@@ -312,13 +349,16 @@ def _feedback(spec: PartitionSpec | None, results: list[TrialResult], hits: list
     elif hits:
         next_probes = [f"fix the {min(hits, key=lambda h: GUARDS.index(h.guard)).guard} guard finding, then check again"]
     elif spec is None:
-        next_probes = ["check --partition column:N | row:N | heads:N | batch:N to localize the differing shard"]
+        next_probes = ["check --partition column:N | row:N | heads:N | batch:N | splitk:N to localize the differing "
+                       "shard"]
     else:
         next_probes = ["check --trials 200 after the fix (more shapes and values)"]
     details = {"trials": [r.row() for r in results],
                "error_by_reduction": {k: by_k[k] for k in sorted(by_k)},
                "guards": [{"guard": h.guard, "finding": h.finding, "trial": h.trial, "case": h.label, **h.where}
                           for h in hits]}
+    if cause is not None:
+        details["precision_cause"] = cause.row()
     if spec:
         details["partition"] = {"kind": spec.kind, "count": spec.count, "args": spec.args, "dims": spec.dims,
                                 "out": spec.out}
