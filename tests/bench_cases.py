@@ -25,3 +25,21 @@ def tiny(x: torch.Tensor) -> torch.Tensor:
 
 def tiny_inputs(trial: int, generator: torch.Generator) -> tuple:
     return (torch.randn(8, generator=generator),)
+
+
+def oversubscribed() -> None:
+    """Four threads, each multiplying numpy matrices (BLAS with a pool of its own): more threads than cores."""
+    import threading
+
+    import numpy as np
+
+    def work() -> None:
+        a = np.ones((192, 192))
+        for _ in range(6):
+            a = a @ a / 192.0
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

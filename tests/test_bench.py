@@ -51,7 +51,8 @@ def test_a_call_the_machine_made_contended_names_why_though_the_busy_spell_ended
     fb = run_bench(bench_cases.twice, bench_cases.work, config=BenchConfig(budget_s=2.0))
     contention = fb.details["contention"]
     assert contention["contended"] and contention["others_cores"] == 1.5, contention
-    assert "contended: other processes used 1.5 cores;" in fb.finding, fb.finding  # decided or not
+    assert "contended by other processes: they used 1.5 cores;" in fb.finding, fb.finding  # decided or not
+    assert fb.next_probes[0].startswith("bench again once the machine is quiet"), fb.next_probes
 
 
 def test_a_over_a_finds_no_change_and_reports_the_noise_floor():

@@ -71,6 +71,24 @@ def test_the_verdict_rests_on_the_interval_of_the_starvation_share():
     assert "oversubscribed" in queued.next_probes[0]
 
 
+def test_futex_waits_no_holder_covers_are_native_waits_not_the_gil():
+    """Four numpy workers on 2 cores, each off CPU half its time on a futex (its BLAS pool's synchronization)
+    while none holds the GIL more than 2%: a GIL wait needs a holder, so this cannot be the GIL."""
+    workers = {t: (f"worker-{t}", 0.45, 0.05, 1.0) for t in range(1, 5)}
+    held = {t: gs.HeldSamples(t, f"worker-{t}", 10, 20 * MS, {"matmul (cases.py:5)": 10}) for t in workers}
+    rows = thread_shares(_trace(workers), held, _states(workers))
+    assert all(r.share("gil_wait") <= 0.07 and r.share("native_wait") > 0.4 for r in rows), [r.to_dict() for r in rows]
+    fb = threads_feedback("w:f", _trace(workers), held, _states(workers), WAIT_THRESHOLD, [], [], set())
+    assert fb.verdict == "pass" and fb.locality["dominant"] == "native_wait", fb.finding
+    assert "that cannot be the GIL" in fb.finding and "no thread held the GIL more than 2%" in fb.finding
+    assert "holder" not in fb.locality  # a thread that held the GIL 2% of the time is no holder
+    assert "threadpool_limits" in fb.next_probes[0] and "OPENBLAS_NUM_THREADS=1" in fb.next_probes[0]
+    covered = {1: ("compute", 0.2, 0.0, 1.0), 2: ("packer", 0.95, 0.0, 1.0)}  # a holder covers the wait
+    held = {2: gs.HeldSamples(2, "packer", 450, 900 * MS, {"pack (cases.py:12)": 440})}
+    assert threads_feedback("w:f", _trace(covered), held, _states(covered), WAIT_THRESHOLD, [], [],
+                            set()).verdict == "fail"
+
+
 def test_threads_the_state_sampler_never_saw_asleep_make_a_pass_inconclusive():
     pair = {1: ("compute", 0.2, 0.0, 1.0), 2: ("packer", 0.95, 0.0, 1.0)}
     blind = threads_feedback("w:f", _trace(pair), None, [], WAIT_THRESHOLD, [], [], set())  # no state sample
@@ -102,9 +120,12 @@ def test_uninstrumented_packing_thread_is_named_holder_with_its_function_and_com
     assert main is None or main["gil_wait_share"] < WAIT_THRESHOLD  # it only joins: blocked, not starved
 
 
-def test_uninstrumented_fixed_variant_shows_no_starvation_ten_times_out_of_ten(probe):
+def test_uninstrumented_fixed_variant_never_shows_starvation_in_ten_runs(probe):
+    """A timing probe may honestly answer inconclusive on a loaded machine (saying why); only a wrong direction,
+    starvation where there is none, fails this."""
     verdicts = [probe("gil_cases:released_bare") for _ in range(10)]
-    assert [fb.verdict for fb in verdicts] == ["pass"] * 10, [fb.finding for fb in verdicts]
+    assert not [fb for fb in verdicts if fb.verdict == "fail"], [fb.finding for fb in verdicts]
+    assert {fb.verdict for fb in verdicts} <= {"pass", "inconclusive"}, [fb.finding for fb in verdicts]
 
 
 def test_uninstrumented_sleeping_thread_is_blocked_not_starved(probe):

@@ -99,6 +99,8 @@ async def _drive(root: Path, url: str) -> dict:
                 args = {k: (url if v == "URL" else v) for k, v in args.items()}
                 result = await session.call_tool(tool, args)
                 out["good"].append((tool, result.is_error, result.content[0].text))
+                out.setdefault("structured", []).append(result.structured_content)
+                out.setdefault("parts", []).append(len(result.content))
             full = json.loads(out["good"][0][2])["full"]
             result = await session.call_tool("artifact", {"path": full, "key": "details.trials.0", "length": 5000})
             out["good"].append(("artifact", result.is_error, result.content[0].text))
@@ -137,6 +139,10 @@ def test_every_tool_answers_compactly_and_every_error_with_a_fix(tmp_path):
     zeroed = json.loads(out["good"][0][2])
     assert zeroed["verdict"] == "fail" and "column 700 only" in zeroed["finding"] and zeroed["locality"]["shard"] == 2
     assert "values wrong, missing" in zeroed["finding"] and "typical of" not in zeroed["finding"]
+    assert all(s is None for s in out["structured"]) and set(out["parts"]) == {1}  # the payload once, as text
+    assert zeroed["next_probes"] and all(isinstance(p, dict) and "why" in p for p in zeroed["next_probes"])
+    first = zeroed["next_probes"][0]
+    assert first["tool"] == "check" and first["arguments"] == {"trials": 200}, zeroed
     assert json.loads(out["good"][1][2])["verdict"] == "pass"  # a seed-style factory, adapted
     bench = json.loads(replies["bench"])
     assert bench["numbers"]["work_rate_ratio"]["value"] > 1  # the figure: benchmarks/agent_feedback.py

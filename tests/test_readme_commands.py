@@ -188,11 +188,11 @@ def test_bench_direction_agrees_with_its_ratio(tmp_path: Path, monkeypatch: pyte
     slower = _bench(100.0, 250.0, tmp_path, monkeypatch, "slower")
     ratio = slower.numbers["ratio"].value
     assert ratio > 1 and slower.verdict == "fail"
-    assert f"slower than baseline by {(ratio - 1) * 100:.1f}%" in slower.finding
+    assert f"slower than baseline: x{ratio:.3f} [" in slower.finding and "the time per call" in slower.finding
     faster = _bench(100.0, 60.0, tmp_path, monkeypatch, "faster")
     ratio = faster.numbers["ratio"].value
     assert ratio < 1 and faster.verdict == "pass"
-    assert f"faster than baseline by {(1 - ratio) * 100:.1f}%" in faster.finding
+    assert f"faster than baseline: x{ratio:.3f} [" in faster.finding and f"{1 / ratio:.2f}x as fast" in faster.finding
     assert faster.details["confidence"] == 0.99
 
 
@@ -205,12 +205,12 @@ def test_an_expected_slowdown_within_its_criterion_passes_the_bench_gate(tmp_pat
     assert "99% CI" in judged.message  # the bench's interval, not a default
     grade_bench(fb, [judged], "time_ratio")
     assert fb.verdict == "pass" and fb.details["bench_verdict"] == "fail"
-    assert fb.finding.startswith("candidate is slower than baseline by") and judged.message in fb.finding
+    assert fb.finding.startswith("candidate is slower than baseline: x") and judged.message in fb.finding
     gates = {"feedback": {"check": {"probe": "check", "verdict": "pass", "finding": "ok"}, "bench": fb.to_dict()},
              "judgements": [{"metric": "time_ratio", "verdict": "pass", "message": judged.message}]}
     text = trial_finding(gates)
     assert text.startswith("every criterion passes ([bench] time_ratio pass)")
-    assert "[bench] candidate is slower than baseline by" in text and "within its time_ratio bound" in text
+    assert "[bench] candidate is slower than baseline: x" in text and "within its time_ratio bound" in text
     assert decision(gates["judgements"]) == f"every criterion passes: [bench] {judged.message}"
 
 

@@ -1,7 +1,8 @@
 """The step bench's statistics on children with known speeds: it stops at MIN_ROUNDS once a win is shown or
 ruled out, never calls a neutral candidate a win yet still finds a modest real one, pays a child's warm-up
-once per shape, its floor clears the A/A interval's outer bound (at least STEP_MIN_FLOOR), and the A/A runs
-only for a win, only as far as that win needs."""
+once per child, takes every block on a fresh pair of children (a child's own speed is noise over pairs, a
+bias on one) and reads verdicts at even block counts, its floor clears the A/A interval's outer bound (at
+least STEP_MIN_FLOOR), and the A/A runs only for a win, only as far as that win needs."""
 from __future__ import annotations
 
 import math
@@ -10,8 +11,8 @@ import random
 import pytest
 
 from infragent.analysis.blocks import block_estimate
-from infragent.probes.step_bench import (MAX_ROUNDS, MIN_ROUNDS, STEP_MIN_FLOOR, WARMUP_UNITS, Unit, step_aa_floor,
-                                         step_bench, step_floor)
+from infragent.probes.step_bench import (MAX_ROUNDS, MIN_ROUNDS, PAIR_ROUNDS, STEP_MIN_FLOOR, WARMUP_UNITS, Unit,
+                                         step_aa_floor, step_bench, step_floor)
 
 
 class TimedChild:
@@ -19,16 +20,31 @@ class TimedChild:
     `speed` x 50 ms, with `noise` (relative, Gaussian) per unit; on a `busy` machine each phase's wall time
     also carries a run-queue wait of up to busy x its own time (uniform), reported as that phase's wait."""
 
-    def __init__(self, name: str, speed: float, noise: float, seed: int, busy: float = 0.0) -> None:
-        self.name, self.speed, self.noise, self.busy = name, speed, noise, busy
-        self.rng = random.Random(seed)
+    def __init__(self, name: str, speed: float, noise: float, seed: int, busy: float = 0.0,
+                 own_sd: float = 0.0) -> None:
+        self.name, self.speed, self.noise, self.busy, self.own_sd = name, speed, noise, busy, own_sd
+        self.seed, self.rng = seed, random.Random(seed)
+        self.own = math.exp(self.rng.gauss(0.0, own_sd))  # a child's speed of its own (own_sd: spread over children)
         self.units: dict[str, int] = {}
         self.ran = 0
         self.wall_ns = self.wait_ns = 0
+        self.siblings: list[TimedChild] = []
+
+    def sibling(self) -> "TimedChild":
+        fresh = TimedChild(self.name, self.speed, self.noise, self.seed * 7919 + len(self.siblings) + 1, self.busy,
+                           self.own_sd)
+        self.siblings.append(fresh)
+        return fresh
+
+    def ready(self) -> "TimedChild":
+        return self
+
+    def close(self) -> None:
+        pass
 
     def run(self, unit: Unit) -> dict:
         self.ran += 1
-        scale = self.speed * math.exp(self.rng.gauss(0.0, self.noise))
+        scale = self.speed * self.own * math.exp(self.rng.gauss(0.0, self.noise))
         answer = {"decode_steps": 8, "tokens": [[1] * unit.max_tokens for _ in unit.prompts]}
         for phase, own in (("prefill", 100e6 * scale), ("decode", 8 * 50e6 * scale)):
             wait = own * self.rng.uniform(0.0, self.busy)
@@ -50,7 +66,8 @@ def test_a_clear_verdict_stops_at_the_first_look(speed: float, verdict: str) -> 
     base, cand = TimedChild("baseline", 1.0, 0.02, 1), TimedChild("candidate", speed, 0.02, 2)
     fb = step_bench(base, cand, UNIT, floor=STEP_MIN_FLOOR)  # type: ignore[arg-type]
     assert fb.verdict == verdict and fb.details["rounds"] == MIN_ROUNDS
-    assert cand.ran == WARMUP_UNITS + MIN_ROUNDS
+    assert cand.ran == 0 and len(cand.siblings) == MIN_ROUNDS  # every block a fresh pair
+    assert all(s.ran == WARMUP_UNITS + PAIR_ROUNDS for s in cand.siblings)  # each warms up first
 
 
 def test_a_neutral_candidate_is_never_a_win_and_is_given_up_on_early() -> None:
@@ -73,11 +90,14 @@ def test_a_modest_real_win_is_still_found() -> None:
     assert found >= 45  # giving up early on neutral candidates must not give up on a 12% win
 
 
-def test_the_baseline_child_warms_up_once_for_many_candidates() -> None:
+def test_every_block_is_a_fresh_pair_and_a_verdict_is_read_at_an_even_count() -> None:
     base = TimedChild("baseline", 1.0, 0.01, 0)
     for seed in range(3):
         step_bench(base, TimedChild("candidate", 0.5, 0.01, seed), UNIT, floor=STEP_MIN_FLOOR)  # type: ignore[arg-type]
-    assert base.ran == WARMUP_UNITS + 3 * MIN_ROUNDS
+    assert base.ran == 0 and len(base.siblings) == 3 * MIN_ROUNDS
+    counts = {step_bench(TimedChild("baseline", 1.0, 0.06, s), TimedChild("candidate", 1.0, 0.06, 99 + s), UNIT,
+                         floor=STEP_MIN_FLOOR).details["rounds"] for s in range(40)}  # type: ignore[arg-type]
+    assert counts and all(n % 2 == 0 for n in counts), counts  # each side forked first equally often
 
 
 def test_the_step_floor_clears_the_aa_interval_and_the_minimum() -> None:
@@ -111,7 +131,7 @@ def test_the_aa_stops_once_its_floor_is_below_the_margin_and_resumes_for_a_small
     wide = step_floor(base, twin, UNIT, margin=0.3)  # type: ignore[arg-type]
     assert wide.numbers["aa_ratio"].n == MIN_ROUNDS
     narrow = step_floor(base, twin, UNIT, margin=0.01, logs=wide.details["log_ratios"])  # type: ignore[arg-type]
-    assert narrow.numbers["aa_ratio"].n == MAX_ROUNDS and twin.ran == WARMUP_UNITS + MAX_ROUNDS
+    assert narrow.numbers["aa_ratio"].n == MAX_ROUNDS and len(twin.siblings) == MAX_ROUNDS
 
 
 def test_a_busy_machines_run_queue_waits_are_taken_out_of_both_sides() -> None:
@@ -128,3 +148,23 @@ def test_a_busy_machines_run_queue_waits_are_taken_out_of_both_sides() -> None:
     assert quiet["verdict"] == busy["verdict"] == "pass"
     assert abs(busy["ratio"] - 0.8) < 0.05 and quiet["wait_share"] == 0.0 and busy["wait_share"] > 0.4
     assert "busy machine" in busy["finding"] and "busy machine" not in quiet["finding"]
+
+
+def test_children_with_speeds_of_their_own_give_an_aa_interval_that_contains_one() -> None:
+    """Each child 3% faster or slower than the next (sd), persistently, as measured here: over fresh pairs the
+    A/A interval contains 1 at its confidence (rounds on one pair would measure that pair's offset)."""
+    contains = 0
+    for seed in range(200):
+        base, twin = (TimedChild(n, 1.0, 0.02, seed * 2 + i, own_sd=0.03) for i, n in enumerate(("baseline", "twin")))
+        aa = step_floor(base, twin, UNIT, margin=-1.0)  # type: ignore[arg-type]  # never settled: all blocks
+        contains += aa.numbers["aa_ratio"].ci_low <= 1.0 <= aa.numbers["aa_ratio"].ci_high
+    assert contains >= 180  # a 95% interval: 190 expected
+
+
+def test_a_ten_percent_win_over_children_of_their_own_speeds_is_found() -> None:
+    found = 0
+    for seed in range(50):
+        base = TimedChild("baseline", 1.0, 0.03, seed, own_sd=0.03)
+        cand = TimedChild("candidate", 0.9, 0.03, 500 + seed, own_sd=0.03)
+        found += step_bench(base, cand, UNIT, floor=STEP_MIN_FLOOR).verdict == "pass"  # type: ignore[arg-type]
+    assert found >= 40, found

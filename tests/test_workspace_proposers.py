@@ -300,8 +300,53 @@ def test_llm_proposer_failures(repo: Path, tmp_path: Path, monkeypatch: pytest.M
                 LLMProposer(llm.base_url, "m", max_turns=3).propose(asked({}, ws))
             assert "pkg/mod.py" in error.value.transcript[3]["content"]
         with ScriptedLLM(idle) as llm:
-            with pytest.raises(ProposalError, match="finished without changing anything"):
+            with pytest.raises(ProposalError, match="made no change, because: nothing"):
                 LLMProposer(llm.base_url, "m").propose(asked({}, ws))
+
+
+def test_llm_proposer_names_the_hypothesis_it_was_told_reads_whole_lines_and_runs_the_specs_tests(
+        repo: Path, tmp_path: Path) -> None:
+    from infragent.agent.hypotheses import Hypothesis
+
+    (repo / "pkg" / "long.py").write_text("".join(f"value_{n} = {n}  # a line of some length\n" for n in range(1, 400)))
+    hypotheses = [Hypothesis("add is slow", ["add"], [], "bench", "less", key="hypothesis/0"),
+                  Hypothesis("scale is slow", ["scale"], [], "bench", "less", key="hypothesis/1")]
+    edit = [{"name": "edit_file", "arguments": {"path": "pkg/mod.py", "old": "return [x * k for x in xs]",
+                                                "new": "return [k * x for x in xs]"}}]
+    runs = [("hypothesis/1", "hypothesis/1"), (None, None), ("hypothesis/9", None)]  # named, none, unknown
+    for number, (named, filed) in enumerate(runs):
+        script = [[{"name": "read_file", "arguments": {"path": "pkg/long.py"}}], [{"name": "run_tests",
+                                                                                    "arguments": {}}],
+                  edit, [{"name": "finish", "arguments": {"rationale": "k first", "hypothesis": named}}]]
+        with ScriptedLLM(script) as llm, Workspace.create(repo, tmp_path / "home", f"h{number}") as ws:
+            context = ProposalContext({"target": {"tests": "echo the-spec-tests-ran && python -m pytest -q tests"}},
+                                      hypotheses, [], {}, ws, {})
+            proposal = LLMProposer(llm.base_url, "m", tool_output_limit=1500).propose(context)
+            tool_results = [m["content"] for m in llm.requests[-1]["messages"] if m["role"] == "tool"]
+        assert proposal.hypothesis == filed  # never the first open one when the model named none
+    read, tests = tool_results[0], tool_results[1]
+    assert "characters cut" not in read and read.startswith("     1  value_1 = 1")
+    last = int(read.rsplit("\n", 2)[-2].split()[0])  # the last line shown, whole
+    assert f"[lines {last + 1}-399 of pkg/long.py not shown (output limit): call read_file with start_line={last + 1}]" \
+        in read
+    assert tests.startswith("$ echo the-spec-tests-ran") and "the-spec-tests-ran" in tests and "2 passed" in tests
+
+
+def test_an_earlier_trial_reaches_the_next_proposal_with_its_patch_rationale_and_deciding_gate() -> None:
+    from infragent.agent.targets import PATCH_LINES, trial_summary
+
+    long_patch = PATCH + "".join(f"+line {n}\n" for n in range(60))
+    trial = {"trial": 0, "status": "not shown", "why": "step bench: not shown (inconclusive after 16 blocks ...)",
+             "hypothesis": None, "knobs": {"max_num_seqs": 4}, "rationale": "one multiply per element",
+             "patch": long_patch, "local": {"key": "trial/0/step_bench", "verdict": "inconclusive",
+                                            "finding": "engine steps candidate/baseline: total x0.97 [0.93, 1.01]"}}
+    row = trial_summary(trial)
+    assert row["rationale"] == "one multiply per element" and row["knobs"] == {"max_num_seqs": 4}
+    assert row["patch"].startswith("diff --git a/pkg/mod.py") and row["patch"].count("\n") == PATCH_LINES
+    assert "more lines]" in row["patch"] and row["patch_summary"] == "61 lines added, 0 removed in pkg/mod.py"
+    assert row["decided_by"] == {"probe": "step_bench", "verdict": "inconclusive",
+                                 "finding": "engine steps candidate/baseline: total x0.97 [0.93, 1.01]"}
+    assert "hypothesis" not in row  # it named none
 
 
 def test_truncate_keeps_head_and_tail() -> None:

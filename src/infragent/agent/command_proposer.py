@@ -65,19 +65,10 @@ class CommandProposer:
                                 f"diff or a JSON object with 'patch', or edit files under {workspace.root}; "
                                 f"stderr: {stderr}", transcript)
         return Proposal(patch, rationale or f"patch from `{self.command}`", self.name, transcript, done.seconds,
-                        hypothesis=hypothesis or _first_open(context))
+                        hypothesis=hypothesis)  # none named: it tests none
 
     def tell(self, result: dict[str, Any]) -> None:
         """Nothing to learn: the next call's context lists every earlier trial."""
-
-
-def _first_open(context: ProposalContext) -> str | None:
-    """The hypothesis a proposal tests when its proposer does not say: the first supported, else open, one."""
-    for status in ("supported", "open"):
-        for h in context.hypotheses:
-            if h.status == status:
-                return h.key
-    return None
 
 
 def _read_output(stdout: str) -> tuple[str, str, str | None]:

@@ -42,8 +42,21 @@ def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis
     waiting on the host → CUDA graphs, larger batches, fusion, fewer syncs; copies in the open), each with the
     knobs whose names say they can move it."""
     found: list[Hypothesis] = []
+    own_time = {s["span"]: s for s in analysis.details.get("self_time", [])}
     for row in analysis.details.get("top_spans", []):
         if row["share"] < TOP_SHARE:
+            continue
+        own = own_time.get(row["key"])
+        if own is not None:  # its time is between its children, in code no span names
+            where = f" ({', '.join(own['code'])})" if own.get("code") else ""
+            found.append(Hypothesis(
+                claim=f"{row['key']!r} holds {own['share']:.0%} of busy time in no child span: code between its "
+                      f"children{where} that no span names (a sleep, a sort, a sync?)",
+                spans=[row["key"]], knobs=[], probe="roofline",
+                predicted=f"at most {own['share']:.0%} less busy time if that code vanished (Amdahl bound)",
+                evidence=[f"breakdown: {row['key']} own time {own['self_ns'] / 1e6:.1f} ms of "
+                          f"{own['inclusive_ns'] / 1e6:.1f} ms, children {', '.join(own['children'][:4])}"],
+                locality={"code": ", ".join(own.get("code", []))} if own.get("code") else {}))
             continue
         touching = [n for n, k in knobs.items() if row["key"] in k.touches]
         found.append(Hypothesis(

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infragent.agent.command_proposer import _first_open
 from infragent.agent.proposal import Probe, Proposal, ProposalContext, ProposalError, truncate
 from infragent.agent.workspace import Workspace, WorkspaceError
 
@@ -25,8 +24,9 @@ are relative to the top of a private git worktree; `root_relative` is that folde
 
 Make ONE focused change under the root folder that addresses the stated hypothesis. Keep every output \
 correct: the same results, within the stated tolerances. Read before you edit, edit with exact text, and run \
-the tests.{probes} When the change is done, call `finish` with a short rationale: what you changed and why it \
-should be faster."""
+the tests.{probes} When the change is done, call `finish` with a short rationale (what you changed and why it \
+should be faster) and the key of the hypothesis it tests, if it tests one. If you make no change, call `finish` \
+with the reason."""
 PROBES_LINE = " run_probe runs one of the loop's probes on your worktree as it stands ({names}); each run is \
 charged to the run's probe budget, so use them to refute a change before you finish, not to explore."
 
@@ -53,9 +53,14 @@ TOOLS = [
           {"path": _PATH, "old": {"type": "string"}, "new": {"type": "string"}}, ["path", "old", "new"]),
     _tool("write_file", "Create or overwrite a file with `content`.",
           {"path": _PATH, "content": {"type": "string"}}, ["path", "content"]),
-    _tool("run_tests", "Run `python -m pytest -q -x <args>` from the worktree top (default: the tests under the "
-          "root folder).", {"args": {"type": "array", "items": {"type": "string"}, "default": []}}, []),
-    _tool("finish", "Declare the change done.", {"rationale": {"type": "string"}}, ["rationale"]),
+    _tool("run_tests", "With no args: the spec's own test command (else the tests under the root folder). With "
+          "args: `python -m pytest -q -x <args>` from the worktree top.",
+          {"args": {"type": "array", "items": {"type": "string"}, "default": []}}, []),
+    _tool("finish", "Declare the change done (or explain why you make none: the explanation is kept for the next "
+          "proposal).", {"rationale": {"type": "string"},
+                         "hypothesis": {"type": ["string", "null"], "default": None,
+                                        "description": "the key of the hypothesis this change tests (from the "
+                                                       "context's hypotheses), or null for none"}}, ["rationale"]),
 ]
 
 
@@ -100,7 +105,9 @@ class LLMProposer:
         assert workspace is not None
         started = time.perf_counter()
         client = OpenAI(base_url=self.base_url, api_key=self.api_key)
-        tools = _Tools(workspace, context.probes, self.test_timeout_s)
+        tests = (context.info.get("target") or {}).get("tests") if isinstance(context.info, dict) else None
+        tools = _Tools(workspace, context.probes, self.test_timeout_s, tests)
+        tools.read_limit = max(self.tool_output_limit - 200, 500)
         root_relative = workspace.root.relative_to(workspace.path).as_posix()
         payload = {**context.info, "root": str(workspace.root), "root_relative": root_relative}
         names = ", ".join(sorted(context.probes))
@@ -139,10 +146,13 @@ class LLMProposer:
             raise ProposalError(f"the model made no finish within {self.max_turns} turns: raise max_turns or "
                                 "narrow the hypothesis", messages)
         patch = workspace.diff()
-        if not patch:
-            raise ProposalError("the model finished without changing anything", messages)
+        if not patch:  # the model's reason is what the next proposal needs to hear
+            said = rationale.strip()[:600] or "(no reason given)"
+            raise ProposalError(f"the model made no change, because: {said}", messages)
+        known = {h.key for h in context.hypotheses}
         return Proposal(patch, rationale.strip() or "(no rationale given)", self.name, messages,
-                        time.perf_counter() - started, hypothesis=_first_open(context))
+                        time.perf_counter() - started,
+                        hypothesis=tools.hypothesis if tools.hypothesis in known else None)
 
     def tell(self, result: dict[str, Any]) -> None:
         """Nothing to learn: the next call's context lists every earlier trial."""
@@ -151,10 +161,14 @@ class LLMProposer:
 class _Tools:
     """The tools the model calls, confined to one workspace."""
 
-    def __init__(self, workspace: Workspace, probes: dict[str, Probe], test_timeout_s: float) -> None:
+    def __init__(self, workspace: Workspace, probes: dict[str, Probe], test_timeout_s: float,
+                 tests: str | None = None) -> None:
         self.workspace = workspace
         self.probes = probes
         self.test_timeout_s = test_timeout_s
+        self.tests = tests  # the spec's test command: what run_tests runs with no args
+        self.hypothesis: str | None = None  # the hypothesis key named at finish
+        self.read_limit = 3800  # read_file's output, under the tool-output limit that would cut it
 
     def call(self, name: str, arguments: str) -> tuple[str, str | None]:
         """(output, rationale when this was `finish`); every failure comes back as `error: ...` text."""
@@ -165,6 +179,8 @@ class _Tools:
         if not isinstance(parsed, dict):
             return f"error: the arguments of {name} must be a JSON object", None
         if name == "finish":
+            named = parsed.get("hypothesis")
+            self.hypothesis = str(named) if named else None
             return "finished", str(parsed.get("rationale", ""))
         method = getattr(self, f"tool_{name}", None)
         if method is None:
@@ -196,7 +212,15 @@ class _Tools:
         last = len(lines) if end_line is None else min(int(end_line), len(lines))
         if first > len(lines):
             return f"{path} has {len(lines)} lines; start_line {first} is past the end"
-        return "\n".join(f"{n:>6}  {lines[n - 1]}" for n in range(first, last + 1))
+        shown, size = [], 0
+        for n in range(first, last + 1):  # whole lines up to the output limit, never a cut in the middle
+            row = f"{n:>6}  {lines[n - 1]}"
+            if shown and size + len(row) + 1 > self.read_limit:
+                return "\n".join(shown) + (f"\n[lines {n}-{last} of {path} not shown (output limit): call read_file "
+                                           f"with start_line={n}]")
+            shown.append(row)
+            size += len(row) + 1
+        return "\n".join(shown)
 
     def tool_search(self, pattern: str, path: str = ".") -> str:
         regex = re.compile(pattern)
@@ -241,20 +265,25 @@ class _Tools:
         return f"wrote {len(content.encode())} bytes to {path}"
 
     def tool_run_tests(self, args: list[str] | None = None) -> str:
-        if args is None or args == []:
-            relative = self.workspace.root.relative_to(self.workspace.path).as_posix()
-            args = [] if relative == "." else [relative]
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ValueError("args must be a list of strings")
         top = self.workspace.path
         paths = [str(p) for p in (top / "src", self.workspace.root) if p.is_dir()]
         inherited = os.environ.get("PYTHONPATH")
         env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths + ([inherited] if inherited else []))),
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args]
+               "PYTHONDONTWRITEBYTECODE": "1",
+               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        if (args is None or args == []) and self.tests:
+            shown, argv = self.tests, ["bash", "-c", self.tests]
+        else:
+            if args is None or args == []:
+                relative = self.workspace.root.relative_to(self.workspace.path).as_posix()
+                args = [] if relative == "." else [relative]
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise ValueError("args must be a list of strings")
+            shown = f"pytest -q -x {' '.join(args)}"
+            argv = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args]
         done = self.workspace.run(argv, self.test_timeout_s, env=env, cwd=top)
         status = f"timed out after {self.test_timeout_s:g} s" if done.timed_out else f"rc {done.rc}"
-        return f"$ pytest -q -x {' '.join(args)}\n{status} in {done.seconds:.1f} s\n{done.stdout}{done.stderr}"
+        return f"$ {shown}\n{status} in {done.seconds:.1f} s\n{done.stdout}{done.stderr}"
 
     def tool_run_probe(self, name: str, arguments: dict | None = None) -> str:
         if name not in self.probes:

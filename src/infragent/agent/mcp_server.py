@@ -24,7 +24,7 @@ from pydantic import Field
 
 from infragent.agent.tool_errors import explain
 from infragent.probes.callables import refresh_modules, stamp_modules
-from infragent.probes.compact import REPLY_LIMIT, compact_json
+from infragent.probes.compact import REPLY_LIMIT, as_tool_calls, compact_json
 
 LEDGER = ".infragent/ledger.sqlite"
 CALLABLE = ("A callable: module:function importable from the workspace root, or path/file.py:function "
@@ -42,6 +42,23 @@ Inputs = Annotated[str, Field(description=INPUTS, examples=["cases.py:matmul_inp
 Style = Annotated[str, Field(description=STYLE, examples=["trial", "seed"])]
 Ledger = Annotated[str, Field(description="The ledger SQLite file (inside the root)", examples=[LEDGER])]
 RunId = Annotated[int, Field(description="A run id from `runs`", examples=[1])]
+
+
+TOOLS = {"check", "bench", "record", "gil", "roofline", "analyze", "loadgen", "quality", "validate_spec", "runs",
+         "show", "ledger_record", "artifact", "evaluate_criteria"}
+
+
+def with_tool_calls(reply: str) -> str:
+    """A compact reply whose next_probes (CLI text) are given as tool calls of this server."""
+    try:
+        data = json.loads(reply)
+    except ValueError:
+        return reply
+    if not isinstance(data, dict) or not data.get("next_probes") or not all(isinstance(p, str)
+                                                                           for p in data["next_probes"]):
+        return reply
+    data["next_probes"] = as_tool_calls(data["next_probes"], TOOLS)
+    return json.dumps(data)
 
 
 class OutsideRoot(ToolError):
@@ -64,7 +81,7 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
         def wrapper(*args: Any, **kwargs: Any) -> str:
             refresh_modules(root)
             try:
-                return fn(*args, **kwargs)
+                return with_tool_calls(fn(*args, **kwargs))
             except ToolError:
                 raise
             except Exception as err:  # every failure is an answer with a fix, never a bare "Error executing"
@@ -72,7 +89,7 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
             finally:
                 stamp_modules(root)
 
-        return server.tool()(wrapper)
+        return server.tool(structured_output=False)(wrapper)  # the payload once, as text
 
     def inside(path: str) -> Path:
         resolved = (root / path).resolve()

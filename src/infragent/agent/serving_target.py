@@ -41,7 +41,8 @@ from infragent.lab.spec import QUALITY_METRICS, Spec
 from infragent.lab.target import TargetDied, TargetError, TargetProcess, engine_config, require_own_ports
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback
-from infragent.probes.step_bench import StepAA, StepBenchError, StepWorker, Unit, check_tokens, span_shift, step_bench
+from infragent.probes.step_bench import (StepAA, StepBenchError, StepWorker, Unit, check_tokens, locate_self_time,
+                                         span_shift, step_bench)
 
 
 
@@ -233,9 +234,12 @@ class ServingTarget:
                         self.spec.scenarios[0], base_url, cand.base_url, seed=100 + candidate.number,
                         floor=floor), cand), experiment, started)
                     local = {"key": record["key"], "verdict": record["verdict"], "finding": record["feedback"]["finding"]}
-                    if record["verdict"] != "pass":
-                        what = "a real local loss" if record["verdict"] == "fail" else "no win beyond the A/A floor"
-                        return {"local": local, "why": f"local A/B: {what}; not worth an end-to-end run"}
+                    if record["verdict"] == "fail":
+                        return {"local": local, "why": "local A/B: a real local loss; not worth an end-to-end run"}
+                    if record["verdict"] != "pass":  # no evidence either way: not shown, not refuted
+                        return {"local": local, "status": "not shown",
+                                "why": "local A/B: not shown (inconclusive: no win beyond the A/A floor that its "
+                                       "blocks could show); no end-to-end run"}
                     if not ctx.left():
                         return {"local": local, "why": "local A/B: a win, but no budget left for end-to-end"}
                 # a patch is kept only if it shows an improvement (it must pay for the risk of a code change):
@@ -293,9 +297,12 @@ class ServingTarget:
             return {"why": f"check: {str(err)[:300]}"}
         candidate.local = {"key": bench["key"], "verdict": bench["verdict"], "finding": bench["feedback"]["finding"],
                            "spans": candidate.spans}
-        if bench["verdict"] != "pass":
-            what = "a real loss" if bench["verdict"] == "fail" else "no win beyond its A/A floor"
-            return {"local": candidate.local, "why": f"step bench: {what}; not worth a server launch"}
+        if bench["verdict"] == "fail":
+            return {"local": candidate.local, "why": "step bench: a real loss; not worth a server launch"}
+        if bench["verdict"] != "pass":  # no evidence either way: not shown, not refuted
+            return {"local": candidate.local, "status": "not shown",
+                    "why": f"step bench: not shown (inconclusive after {bench['feedback'].get('details', {}).get('rounds')} "
+                           "blocks: no win beyond its floor that they could show); no server launch"}
         return None
 
     def step_bench(self, ctx: RunContext, base: StepWorker, cand: StepWorker, config: dict) -> Feedback:
@@ -388,7 +395,7 @@ def trace_engine(spec: Spec, knobs: dict, worker: StepWorker) -> Feedback:
     feedback.details["scheduling"] = scheduling(Trace.load(answer["trace"]), config.max_num_batched_tokens,
                                                 config.max_num_seqs).to_dict()
     feedback.locality["code"] = worker.code
-    return feedback
+    return locate_self_time(feedback, worker.code)
 
 
 def _stamp() -> str:

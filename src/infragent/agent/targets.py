@@ -69,5 +69,28 @@ def proposal_info(ctx: "RunContext", hypotheses: list["Hypothesis"], trials: lis
             "ladder": findings,
             "hypotheses": [asdict(h) for h in sorted(hypotheses, key=lambda h: order.get(h.status, 9))],
             "closed_directions": [h.claim for h in hypotheses if h.status == "refuted"],
-            "previous_trials": [{k: t.get(k) for k in ("trial", "status", "why", "objective", "feasible", "hypothesis")}
-                                for t in trials]}
+            "previous_trials": [trial_summary(t) for t in trials]}
+
+
+PATCH_LINES = 40  # of an earlier trial's diff in the next proposal's context
+
+
+def trial_summary(trial: dict) -> dict[str, Any]:
+    """An earlier trial as the next proposal needs it: what it changed (its knobs, its patch's first lines and
+    size), why (the proposer's rationale), the hypothesis it named, and the gate that decided with its numbers."""
+    row = {k: trial.get(k) for k in ("trial", "status", "why", "objective", "feasible", "hypothesis", "knobs",
+                                     "rationale")}
+    patch = trial.get("patch") or ""
+    if patch:
+        lines = patch.splitlines()
+        files = [line[6:] for line in lines if line.startswith("+++ b/")]
+        row["patch"] = "\n".join(lines[:PATCH_LINES]) + (f"\n[... {len(lines) - PATCH_LINES} more lines]"
+                                                          if len(lines) > PATCH_LINES else "")
+        row["patch_summary"] = (f"{sum(1 for x in lines if x.startswith('+') and not x.startswith('+++'))} lines "
+                                f"added, {sum(1 for x in lines if x.startswith('-') and not x.startswith('---'))} "
+                                f"removed in {', '.join(files) or 'no named file'}")
+    local = trial.get("local")
+    if local:
+        row["decided_by"] = {"probe": str(local.get("key", "")).rsplit("/", 1)[-1], "verdict": local.get("verdict"),
+                             "finding": local.get("finding")}
+    return {k: v for k, v in row.items() if v is not None}

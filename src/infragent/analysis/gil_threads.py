@@ -12,6 +12,10 @@ Per window of a thread's life (wall time):
   blocked     = off CPU - GIL wait: a timer, I/O, a lock, a queue, a join
   unseen      = the part of blocked in windows where the parent never saw the thread asleep: nothing tells
                 GIL wait from blocking there, so a large unseen share makes a pass unfounded
+  native wait = the part of that futex sleep no holder covers: a thread can wait for the GIL only while
+                another holds it, so with py-spy's held times a thread's GIL wait is capped at the other
+                threads' held time, and the rest is a futex wait outside the GIL (a BLAS or OpenMP pool's
+                synchronization, a native lock)
 The starvation share is a thread's GIL-wait share; its 95% t interval over the windows is what a verdict
 rests on, so one run near the threshold reads as inconclusive rather than flipping. Held time and the
 function a thread held the GIL in come from py-spy --gil samples (analysis/gil_shares.parse_speedscope).
@@ -48,6 +52,8 @@ class ThreadShares:
     held_ns: float | None  # py-spy; None without it
     function: str | None  # where it held the GIL most often (py-spy)
     unseen_ns: float = 0.0  # off CPU in windows with no state sample of this thread (counted in blocked_ns)
+    native_wait_ns: float = 0.0  # futex sleep no GIL holder covers (counted in blocked_ns, not gil_wait_ns)
+    others_held_ns: float | None = None  # the GIL held by the other threads over its life (py-spy)
     windows: list[float] = field(default_factory=list)  # GIL-wait share per window
 
     def share(self, part: str) -> float:
@@ -68,7 +74,7 @@ class ThreadShares:
         """Plain data with the shares and the interval."""
         lo, hi = self.interval()
         return {**asdict(self), **{f"{p}_share": self.share(p) for p in ("cpu", "run_queue", "blocked", "gil_wait",
-                                                                           "unseen")},
+                                                                           "unseen", "native_wait")},
                 "held_share": self.share("held") if self.held_ns is not None else None, "gil_wait_ci": [lo, hi]}
 
 
@@ -98,8 +104,24 @@ def thread_shares(trace: Trace, held: dict[int, HeldSamples] | None, states: lis
         rows.append(ThreadShares(name, tid, wall, on, queue, stuck, wait,  # py-spy's weights can add past wall
                                  None if held is None else min(wall, float(mine.held_ns if mine else 0)),
                                  mine.top_function() if mine else None, unseen,
-                                 [p[4] / p[0] for p in parts if p[0] > 0]))
+                                 windows=[p[4] / p[0] for p in parts if p[0] > 0]))
+    if held is not None:
+        rows = [_covered(r, rows) for r in rows]
     return sorted(rows, key=lambda r: -r.share("gil_wait"))
+
+
+def _covered(row: ThreadShares, rows: list[ThreadShares]) -> ThreadShares:
+    """row with its GIL wait capped at what the other threads held (a wait no holder covers is not for the
+    GIL); the excess moves to native_wait_ns (and stays in blocked_ns)."""
+    others = sum(r.held_ns or 0.0 for r in rows if r.tid != row.tid)
+    row.others_held_ns = others
+    if row.gil_wait_ns <= others:
+        return row
+    excess = row.gil_wait_ns - others
+    scale = others / row.gil_wait_ns if row.gil_wait_ns > 0 else 0.0
+    row.native_wait_ns, row.blocked_ns, row.gil_wait_ns = excess, row.blocked_ns + excess, others
+    row.windows = [w * scale for w in row.windows]
+    return row
 
 
 def _window(cpu: Series, delay: Series, framed: Series | None, seen: list[tuple[int, str]], start: int,

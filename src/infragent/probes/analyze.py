@@ -20,6 +20,7 @@ from infragent.analysis.idle import idle
 from infragent.analysis.moe import describe, moe_balance
 from infragent.analysis.kineto import NOT_WORK, category_mask
 from infragent.analysis.overlap import matrix, never_overlapping, overlap
+from infragent.analysis.self_time import self_time
 from infragent.analysis.trace_columns import TraceColumns
 from infragent.analysis.trace_load import load_columns
 from infragent.probes.analyze_gpu import gpu_versus, read_gpu
@@ -57,6 +58,13 @@ def analyze(trace: str | Path | TraceColumns, vs: str | Path | TraceColumns | No
     if rows:
         findings.append(f"top {'host ' if gpu is not None else ''}span {rows[0].key!r} {rows[0].share:.0%} of "
                         f"{'host ' if gpu is not None else ''}busy time")
+    own_time = self_time(c, mask=host)
+    details["self_time"] = [asdict(s) for s in own_time]
+    for s in own_time[:2]:
+        children = ", ".join(repr(n) for n in s.children[:3]) + (", ..." if len(s.children) > 3 else "")
+        findings.append(f"time in no child span: {s.span!r} holds {s.share:.0%} of {'host ' if gpu is not None else ''}"
+                        f"busy time itself ({s.self_ns / max(s.inclusive_ns, 1):.0%} of its own time), outside "
+                        f"its children {children}: code between them that no span names")
     balance = moe_balance(c)
     if balance is not None:
         details["moe"] = {**asdict(balance), "rank_imbalance": balance.rank_imbalance}

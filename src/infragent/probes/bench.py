@@ -39,7 +39,7 @@ from infragent.analysis.stats import Summary, bootstrap_median, mann_whitney_p, 
 from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.inputs import Case, call, draw, tensors_of
-from infragent.probes.contention import Contention, ContentionWatch
+from infragent.probes.contention import Contention, ContentionWatch, merged
 
 DECIDE_CONFIDENCE = 0.99
 METRICS = ("time", "return")
@@ -252,6 +252,8 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
     whole = watch.now()
     if not result.contended:  # a contended call keeps the reading that said busy: the whole window's average
         result.contention = whole  # can fall under the thresholds once the other work ends, and then names nothing
+    elif result.contention is not None:  # completed by the whole window (others' CPU needs a long one)
+        result.contention = merged(result.contention, whole)
     result.others_cores = whole.others_cores
     if result.contended and result.outcome == "undecided":
         result.outcome, result.budget_hit = "contended", False  # the machine, not the budget, left it open
@@ -328,7 +330,10 @@ def run_bench(fn: Callable[..., Any], other: Callable[..., Any] | None = None,
     "return": fn returns the work it did, and the comparison is of work per second.
     """
     config = config or BenchConfig(budget_s=budget_s, threads=threads, metric=metric)
-    case = draw(factory, 0) if factory is not None else Case()
+    case = draw(factory, 0) if factory is not None else Case(label="no inputs (called with no arguments)")
+    if factory is not None and not case.label:  # the factory's case, named by the factory
+        name = getattr(factory, "__name__", "<factory>")
+        case.label = f"{'the inputs factory' if name.startswith('<') else name}(trial 0)"
     candidate_name = names[0] or getattr(fn, "__name__", "fn")
     baseline = other if other is not None else fn
     baseline_name = (names[1] or getattr(other, "__name__", "other")) if other is not None else candidate_name
@@ -373,7 +378,7 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
     details = {"outcome": result.outcome, "confidence": result.confidence, "pairs": n, "inner": result.inner,
                "metric": config.metric, "budget_hit": result.budget_hit,
                "raw": {"a_ns": result.a_ns, "b_ns": result.b_ns, "b_first": result.b_first, "aa_ns": result.aa_ns}}
-    locality = {"a": a_name, "b": b_name, "inputs": case.label or "default", "threads": config.threads,
+    locality = {"a": a_name, "b": b_name, "inputs": case.label, "threads": config.threads,
                 "metric": config.metric}
     if result.contention is not None:
         details["contention"] = {**result.contention.to_dict(), "aa_pairs": len(result.aa_ns),
@@ -407,14 +412,20 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
                    f"(A/A {result.outcome.replace('_', ' ')})")
     else:
         verdict = {"faster": "pass", "slower": "fail"}.get(result.outcome, "inconclusive")
-        rate = f" ({b_name} does {1 / ratio.center:.3g}x [{1 / ratio.hi:.3g}, {1 / ratio.lo:.3g}] the work per second)" \
-            if config.metric == "return" and ratio.lo > 0 else ""
-        finding = {"faster": f"{b_name} is faster than {a_name} by {-change:.1f}%{rate}",
-                   "slower": f"{b_name} is slower than {a_name} by {change:.1f}%{rate}",
-                   "no_change": f"no detectable change (any effect is within ±{config.equivalence * 100:.0f}%)",
+        interval = f"x{ratio.center:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}]"
+        if config.metric == "return" and ratio.lo > 0:  # a ratio of work per second, never a percentage of time
+            work = f"does x{1 / ratio.center:.3g} [{1 / ratio.hi:.3g}, {1 / ratio.lo:.3g}] the work per second of {a_name}"
+            faster, slower = f"{b_name} is faster: it {work}", f"{b_name} is slower: it {work}"
+        else:
+            faster = (f"{b_name} is faster than {a_name}: {interval} the time {per}, "
+                      f"{1 / ratio.center:.2f}x as fast")
+            slower = f"{b_name} is slower than {a_name}: {interval} the time {per}"
+        finding = {"faster": faster, "slower": slower,
+                   "no_change": f"no detectable change: {interval} lies within the ±{config.equivalence * 100:.0f}% "
+                                "equivalence band",
                    "undecided": f"undecided: ratio {ratio.center:.3f}, smallest detectable effect "
                                 f"±{half_width * 100:.1f}%",
-                   "contended": f"ratio {ratio.center:.3f}, not trusted"}[result.outcome]
+                   "contended": f"ratio x{ratio.center:.3f} (not trusted)"}[result.outcome]
     if result.budget_hit:
         verdict, finding = "inconclusive", f"inconclusive: budget: {finding}; {_budget_note(result, config)}"
         next_probes.append(f"bench again with budget_s={_budget_needed(result, config):.0f} (--budget-s)")
@@ -426,12 +437,22 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
         next_probes.insert(0, "bench with metric='return' (--metric return)")
     if result.contended:
         verdict, finding = _contended(result, verdict, finding, numbers)
+        next_probes.insert(0, _contended_next(result.contention))
     if result.outcome == "undecided" and not result.budget_hit:
         next_probes.append("bench again with a larger budget_s")
     if result.outcome == "slower":
         next_probes.append(f"infragent roofline {b_name} --inputs ... (what bounds the slower one?)")
     return Feedback("bench", verdict, finding, numbers=numbers, locality=locality, evidence=[evidence],
                     next_probes=next_probes, details=details)
+
+
+def _contended_next(contention: Contention) -> str:
+    """The probe to run next on a contended measurement, by the source of the contention."""
+    if contention.source == "self":
+        return f"bench again after capping the workload's own thread pools ({contention.remedy})"
+    if contention.source == "hypervisor":
+        return f"bench again on unshared CPUs ({contention.remedy})"
+    return f"bench again once the machine is quiet ({contention.remedy or 'nothing else running'})"
 
 
 def _contended(result: BenchResult, verdict: str, finding: str, numbers: dict[str, Measure]) -> tuple[str, str]:
@@ -442,10 +463,11 @@ def _contended(result: BenchResult, verdict: str, finding: str, numbers: dict[st
     if contention.others_cores is not None:
         numbers["other_processes_cores"] = Measure(contention.others_cores, "cores")
     spread, raw = result.aa_spread(), result.raw_ratio
-    measured = f"measured {raw.center:.3f} [{raw.lo:.3f}, {raw.hi:.3f}]" if raw is not None else "measured"
+    measured = (f"measured x{raw.center:.3f} [{raw.lo:.3f}, {raw.hi:.3f}]" if raw is not None else
+                "measured without an interval")
     widening = (f"widened by the spread of {len(result.aa_ns)} A/A pairs measured in the same call "
                 f"(x{spread[0]:.2f} to x{spread[1]:.2f})" if spread else
-                f"only {len(result.aa_ns)} A/A pairs, too few to say how far to trust it")
+                f"not widened: {len(result.aa_ns)} A/A pairs are too few to estimate the spread it needs")
     if result.outcome == "contended":
         return "inconclusive", f"inconclusive: contended: {contention.why}; {finding}: {measured}, {widening}"
     return verdict, f"{finding} [contended: {contention.why}; the interval, {measured}, is {widening}]"
@@ -467,6 +489,8 @@ def _no_pairs(result: BenchResult, a_name: str, b_name: str, aa: bool, config: B
     if not aa:
         numbers[f"first_call[{b_name}]"] = Measure(first_b, "s (warm-up, not a measurement)")
     next_probes = [f"bench again with budget_s={_budget_needed(result, config):.0f} (--budget-s)"]
+    if result.contended:
+        next_probes.insert(0, _contended_next(result.contention))
     return Feedback("bench", "inconclusive", finding, numbers=numbers, locality=locality, evidence=[evidence],
                     next_probes=next_probes, details=details)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from infragent.probes.artifacts import save_json
@@ -44,6 +45,38 @@ def compact(feedback: Feedback, limit: int = REPLY_LIMIT, keep_full: bool = True
 def compact_json(feedback: Feedback, limit: int = REPLY_LIMIT) -> str:
     """compact() as JSON text."""
     return json.dumps(compact(feedback, limit))
+
+
+def as_tool_calls(next_probes: list[str], tools: set[str]) -> list[dict[str, Any]]:
+    """next_probes (written for the CLI) as tool calls for an MCP client: {"tool", "arguments", "why"} where
+    the text names one of `tools` (arguments from its name=value and --flag value parts; an upper-case
+    placeholder such as N or CANDIDATE is left for the caller to fill), else {"why"} alone."""
+    calls = []
+    for text in next_probes:
+        words = re.findall(r"[A-Za-z_]+", text)
+        tool = next((w for w in words if w in tools), None)
+        if tool is None:
+            calls.append({"why": text})
+            continue
+        arguments: dict[str, Any] = {}
+        for key, value in re.findall(r"\b([a-z_]+)=([^\s,;)]+)", text):
+            arguments[key] = _argument(value)
+        for flag, value in re.findall(r"--([a-z][a-z-]*)(?:\s+([^\s|;()]+))?", text):
+            key = flag.replace("-", "_")
+            if key not in arguments and value and not value.startswith(("--", "...")):
+                arguments[key] = _argument(value)
+        calls.append({"tool": tool, "arguments": arguments, "why": text})
+    return calls
+
+
+def _argument(value: str) -> Any:
+    """'120' -> 120, '0.5' -> 0.5, anything else as text."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def render_compact(feedback: Feedback) -> str:

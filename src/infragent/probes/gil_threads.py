@@ -30,6 +30,13 @@ def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] |
     worst = rows[0]
     lo, hi = worst.interval()
     holder = _holder(rows, worst)
+    native = max(rows, key=lambda r: r.share("native_wait"))
+    not_gil = ""
+    if native.share("native_wait") > threshold:  # long futex waits that no GIL holder covers
+        not_gil = (f"; {native.thread} waited {native.share('native_wait') + native.share('gil_wait'):.0%} of its "
+                   f"time on futexes while the other threads held the GIL only "
+                   f"{(native.others_held_ns or 0) / native.wall_ns:.0%} of it: that cannot be the GIL, it is a "
+                   "native wait (a BLAS or OpenMP pool's synchronization, or a native lock)")
     numbers = _numbers(rows)
     held_text = ""
     if holder is not None and holder.held_ns is not None:
@@ -37,6 +44,10 @@ def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] |
         held_text = f"; thread {holder.thread} held the GIL {holder.share('held'):.0%} of its time{where}"
     elif holder is not None:
         held_text = f"; thread {holder.thread} was on CPU {holder.share('cpu'):.0%} of its time (held: n/a without py-spy)"
+    elif all(r.held_ns is not None for r in rows):
+        most = max(r.share("held") for r in rows)
+        held_text = f"; no thread held the GIL more than {max(most, 0.0):.0%} of its time"
+    held_text += not_gil
     split = (f"GIL wait {worst.share('gil_wait'):.0%} [{lo:.0%}, {hi:.0%}], run queue "
              f"{worst.share('run_queue'):.0%}, blocked on locks/sleep/I/O {worst.share('blocked'):.0%}, on CPU "
              f"{worst.share('cpu'):.0%} of its time over {len(worst.windows)} windows")
@@ -56,6 +67,14 @@ def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] |
         return Feedback("gil", "inconclusive", finding, numbers, locality, evidence,
                         [f"rerun gil on {workload} (on a busy machine the sampler can miss a short workload)"],
                         details)
+    if hi < threshold and not_gil:
+        finding = (f"no GIL starvation: no thread waits for the GIL more than {threshold:.0%} of its time (most: "
+                   f"{worst.thread}, {split}){held_text}{suffix}")
+        return Feedback("gil", "pass", finding, numbers, {**locality, "dominant": "native_wait"}, evidence,
+                        [f"{native.thread} waits on its native thread pool, not the GIL: cap the pools the workload "
+                         "nests in its threads (threadpoolctl.threadpool_limits(1) around the threaded code, or "
+                         "OPENBLAS_NUM_THREADS=1 / OMP_NUM_THREADS=1; torch.set_num_threads(1) for torch ops), "
+                         f"then bench {workload} again"], details)
     if hi < threshold:
         cause = worst.dominant()
         finding = (f"no GIL starvation: no thread waits for the GIL more than {threshold:.0%} of its time (most: "
@@ -68,10 +87,16 @@ def threads_feedback(workload: str, trace: Trace, held: dict[int, HeldSamples] |
                     [f"rerun gil on {workload} with a longer workload (more windows narrow the interval)"], details)
 
 
+HOLDER_SHARE = 0.05  # a thread that held the GIL less than this share of its time is no holder
+
+
 def _holder(rows: list[ThreadShares], worst: ThreadShares) -> ThreadShares | None:
+    """The thread that held the GIL most (py-spy), none when no thread held it HOLDER_SHARE of its time;
+    without py-spy the busiest on CPU."""
     others = [r for r in rows if r.tid != worst.tid] or rows
     if all(r.held_ns is not None for r in others):
-        return max(others, key=lambda r: r.held_ns or 0.0)
+        top = max(others, key=lambda r: r.held_ns or 0.0)
+        return top if top.share("held") >= HOLDER_SHARE else None
     return max(others, key=lambda r: r.share("cpu"))
 
 
@@ -98,7 +123,9 @@ def _gil_fix(workload: str, worst: ThreadShares, holder: ThreadShares | None) ->
 def _other_fix(workload: str, worst: ThreadShares, cause: str) -> list[str]:
     if cause == "run_queue" and worst.share("run_queue") > 0.1:
         return [f"{worst.thread} waits for a core, not the GIL: the machine is oversubscribed (other processes, "
-                "or more busy threads than cores): pin torch threads (torch.set_num_threads) or free cores"]
+                "or more busy threads than cores): cap the workload's thread pools (torch.set_num_threads for "
+                "torch ops; threadpoolctl.threadpool_limits or OPENBLAS_NUM_THREADS / OMP_NUM_THREADS for numpy "
+                "and other BLAS/OpenMP users) or free cores"]
     if cause == "blocked" and worst.share("blocked") > 0.1:
         return [f"record {workload} to see what {worst.thread} blocks on (a lock, queue, sleep or I/O)"]
     return [f"record {workload} (where the time goes, if not the GIL)"]

@@ -1,22 +1,31 @@
 """The step microbenchmark: the engine's prefill and decode steps timed in-process, baseline against
 candidate, each engine built from its own copy of the code (a worktree's src/) in its own child
-(probes/step_worker.py). The children take turns, one unit at a time in alternating order, so drift on the
-machine falls on both; the verdict comes from the per-round log ratios (candidate/baseline), judged over
-rounds with a t interval against an A/A floor, like the local A/B's blocks. Each step is timed less the
-run-queue wait within it (the child's schedstat), so a busy machine adds its waits to neither side. Seconds,
-not minutes: a patch
-that makes the engine slower or changes its greedy tokens is refuted before any server starts.
+(probes/step_worker.py). The verdict comes from blocks: each block is a fresh pair of children, one per side,
+that take turns for PAIR_ROUNDS units in alternating order, so drift on the machine falls on both; its number
+is the mean log ratio (candidate/baseline) of its rounds. The side forked first alternates between blocks.
+Each step is timed less the run-queue wait within it (the child's schedstat), so a busy machine adds its
+waits to neither side. Seconds, not minutes: a patch that makes the engine slower or changes its greedy
+tokens is refuted before any server starts.
+
+Why fresh pairs: a child has a speed of its own. Four children of the same code, run in a random order for
+12 rounds, differed by up to 10% with offsets that held from the first half of the rounds to the second
+(sd 2.6-4.6% against 0.7-1.4% that round noise explains; AMD EPYC Zen 3, two cores; gone when the children
+ran on one CPU; not order, not warm-up: benchmarks/step_aa_bias.py, docs/BENCHMARKS.md). Rounds on one pair
+average the noise but never that offset, so an A/A of two children read x1.067 [1.020, 1.116] and a
+candidate's child carried its own. Over fresh pairs the offsets are samples like any other noise, and the
+interval over blocks covers them. The child forked first of a set was the fast one more often than chance
+(5 of 9 sessions of four), and A/As whose blocks forked the baseline first 9 times in 16 read x0.985-x1.025 (mean x1.008):
+so the side forked first alternates, and a verdict is read only at an even number of blocks.
 
 A step win is strict, because a patch with one goes on to an end-to-end run that only guards against
 regressions: the candidate's whole 99% interval must lie beyond the floor, and the floor clears the A/A
-interval's outer bound and at least STEP_MIN_FLOOR (two children of the same code differ by a few percent —
-memory layout — and a candidate's child has its own such bias, which one A/A pair cannot predict). The
-rounds stop early, from MIN_ROUNDS on, once the verdict is known: a win, or no win reachable by MAX_ROUNDS.
+interval's outer bound and at least STEP_MIN_FLOOR. The blocks stop early, from MIN_ROUNDS on, once the
+verdict is known: a win, or no win reachable by MAX_ROUNDS.
 
 The A/A is measured only as far as a decision needs it. A candidate that does not win at STEP_MIN_FLOOR
 cannot win at any floor, so no A/A is run for it; a candidate that does win there is held against the A/A,
-whose rounds (baseline against a twin of the same code) stop as soon as its floor is known to lie below the
-win's margin. Its rounds are kept, so a later, smaller win extends the same A/A.
+whose blocks (the baseline's code against itself) stop as soon as its floor is known to lie below the
+win's margin. Its blocks are kept, so a later, smaller win extends the same A/A.
 """
 from __future__ import annotations
 
@@ -36,9 +45,10 @@ from infragent.probes.step_child import start_child
 CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
 CONFIDENCE = 0.99  # per look, from MIN_ROUNDS to MAX_ROUNDS
 AA_CONFIDENCE = 0.95  # the A/A interval whose outer bound is the floor
-MIN_ROUNDS = 4  # a look at 3 rounds (2 degrees of freedom) doubled false wins in simulation: 0.25% vs 0.1%
-MAX_ROUNDS = 12
-STEP_MIN_FLOOR = 0.05  # A/A pairs of children differed by up to 4.6% on one machine (docs/BENCHMARKS.md)
+MIN_ROUNDS = 4  # blocks; a look at 3 (2 degrees of freedom) doubled false wins in simulation: 0.25% vs 0.1%
+MAX_ROUNDS = 16  # blocks (even: each side forked first in half of them)
+PAIR_ROUNDS = 2  # alternating rounds per pair of children (a block): one each way round
+STEP_MIN_FLOOR = 0.03  # the least step win worth a server launch (a fresh-pair A/A's 95% bound is ~3-4%)
 WARMUP_UNITS = 1  # units of a shape a child runs before its timings count: only a shape's first is slow (+18%)
 ANSWER_TIMEOUT_S = 300.0  # a worker that answers nothing this long (engine build or one unit) is killed
 
@@ -64,7 +74,7 @@ class StepWorker:
     """One child engine built from `code` (a checkout of this project; None: the installed package)."""
 
     def __init__(self, code: Path | None, config: dict[str, Any], name: str) -> None:
-        self.name = name
+        self.name, self.code_path, self.config = name, code, config
         self.child = start_child(code)
         self.proc = self.child.proc
         self._send({"config": config})
@@ -72,6 +82,10 @@ class StepWorker:
         self.units: dict[str, int] = {}  # units run, per shape (the warm-up a shape still needs)
         self.tokens_of: dict[str, list[list[int]]] = {}  # greedy tokens per unit: one engine's are fixed
         self.wall_ns = self.wait_ns = 0  # over every unit run: wall time, and the run-queue wait within it
+
+    def sibling(self) -> "StepWorker":
+        """A fresh child of the same code and config (started, not yet waited for)."""
+        return StepWorker(self.code_path, self.config, self.name)
 
     def ready(self) -> "StepWorker":
         """Wait until the child has built its engine (start several first, then wait: they load in parallel)."""
@@ -140,7 +154,7 @@ class StepWorker:
 
 class StepAA:
     """The step bench's A/A for one engine config, kept for a run: a twin child of the baseline's code,
-    started when a win first needs the floor, and the rounds run so far against one baseline child."""
+    started when a win first needs the floor, and the blocks run so far against one baseline child."""
 
     def __init__(self, code: Path | None, config: dict[str, Any]) -> None:
         self.code, self.config = code, config
@@ -149,7 +163,7 @@ class StepAA:
         self.logs: dict[str, list[float]] | None = None
 
     def floor(self, baseline: StepWorker, unit: Unit, margin: float) -> tuple[float, Feedback | None]:
-        """The floor, measured as far as margin needs; with the A/A's record where this call ran rounds."""
+        """The floor, measured as far as margin needs; with the A/A's record where this call ran blocks."""
         if self.twin is None or not self.twin.alive() or baseline is not self.baseline:
             self.close()
             self.twin, self.baseline, self.logs = StepWorker(self.code, self.config, "twin").ready(), baseline, None
@@ -183,23 +197,45 @@ def check_tokens(baseline: StepWorker, candidate: StepWorker, max_tokens: int = 
 def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds: int,
                 done: Callable[[dict[str, list[float]]], bool] = lambda logs: False,
                 logs: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
-    """Alternating-order rounds after each child's warm-up, added to logs (earlier rounds of the same pair)
-    until there are `rounds`, or done(logs) from MIN_ROUNDS on: per round the log ratios candidate/baseline
-    of the total, the prefill time and the decode time per step."""
+    """Blocks added to logs (earlier blocks of the same comparison) until there are `rounds`, or done(logs)
+    at an even count from MIN_ROUNDS on: per block the mean log ratios candidate/baseline of the total, the
+    prefill time and the decode time per step over PAIR_ROUNDS alternating rounds. Every block runs on a
+    fresh pair of children, siblings of the two given (module docstring); which side is forked first
+    alternates, and the looks fall on even counts, so each side is first equally often."""
     logs = logs if logs is not None else {"total": [], "prefill": [], "decode": []}
+    while len(logs["total"]) < rounds and not (len(logs["total"]) >= MIN_ROUNDS and len(logs["total"]) % 2 == 0
+                                               and done(logs)):
+        if len(logs["total"]) % 2 == 0:  # the child forked first may start (and stay) a little faster
+            pair = (baseline.sibling(), candidate.sibling())
+        else:
+            fresh = candidate.sibling()
+            pair = (baseline.sibling(), fresh)
+        try:
+            block = _block(pair[0].ready(), pair[1].ready(), unit)
+        finally:
+            for given, sibling in zip((baseline, candidate), pair):
+                sibling.close()
+                given.wall_ns, given.wait_ns = given.wall_ns + sibling.wall_ns, given.wait_ns + sibling.wait_ns
+        for phase, values in block.items():
+            logs[phase].append(sum(values) / len(values))
+    return logs
+
+
+def _block(baseline: StepWorker, candidate: StepWorker, unit: Unit) -> dict[str, list[float]]:
+    """PAIR_ROUNDS alternating rounds on one pair, after each child's warm-up: their log ratios per phase."""
     baseline.warm(unit)
     candidate.warm(unit)
-    while len(logs["total"]) < rounds and not (len(logs["total"]) >= MIN_ROUNDS and done(logs)):
-        r = len(logs["total"])
+    block: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
+    for r in range(PAIR_ROUNDS):
         first, second = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
-        ran = {first.name: first.run(unit), second.name: second.run(unit)}
-        b, c = ran[baseline.name], ran[candidate.name]
-        logs["total"].append(math.log(max(own_ns(c, "prefill") + own_ns(c, "decode"), 1)
-                                      / max(own_ns(b, "prefill") + own_ns(b, "decode"), 1)))
-        logs["prefill"].append(math.log(own_ns(c, "prefill") / own_ns(b, "prefill")))
+        ran = {id(first): first.run(unit), id(second): second.run(unit)}
+        b, c = ran[id(baseline)], ran[id(candidate)]
+        block["total"].append(math.log(max(own_ns(c, "prefill") + own_ns(c, "decode"), 1)
+                                       / max(own_ns(b, "prefill") + own_ns(b, "decode"), 1)))
+        block["prefill"].append(math.log(own_ns(c, "prefill") / own_ns(b, "prefill")))
         per_step = [own_ns(x, "decode") / max(x["decode_steps"], 1) for x in (b, c)]
-        logs["decode"].append(math.log(per_step[1] / per_step[0]))
-    return logs
+        block["decode"].append(math.log(per_step[1] / per_step[0]))
+    return block
 
 
 def own_ns(answer: dict[str, Any], phase: str) -> int:
@@ -215,7 +251,7 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     the rounds stop as soon as a win is shown or out of reach. aa(margin): the A/A floor, measured as far as
     it takes to tell whether it lies below margin (log); a win at `floor` is held against it, and the rounds
     go on against the A/A's floor where that is higher."""
-    started, queued = time.monotonic(), QueueWait(baseline, candidate)
+    started, queued, asked = time.monotonic(), QueueWait(baseline, candidate), floor
     logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     while True:
         def decided(logs: dict[str, list[float]], floor: float = floor) -> bool:
@@ -238,16 +274,26 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     numbers = {f"{phase}_ratio": Measure(e.ratio, "x", e.lo, e.hi, e.blocks) for phase, e in estimates.items()}
     numbers["floor"] = Measure(floor, "log")
     phases = ", ".join(f"{phase} x{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]" for phase, e in estimates.items())
-    finding = (f"engine steps candidate/baseline: {phases} over {ran} alternating rounds "
-               f"({len(unit.prompts)} prompts, {unit.max_tokens} tokens each; {CONFIDENCE:.0%} CI per look); a win "
-               f"needs total x<{math.exp(-floor):.3f}: " + {"win": "a real win", "loss": "a real loss",
-                                                             "inconclusive": "inconclusive"}[outcome]
-               + queued.said())
+    said = {"win": "a real win", "loss": "a real loss",
+            "inconclusive": "not shown (inconclusive: neither a win nor a loss beyond the floor)"}[outcome]
+    finding = (f"engine steps candidate/baseline: {phases} over {ran} blocks (a fresh pair of children each, "
+               f"{PAIR_ROUNDS} alternating rounds; {len(unit.prompts)} prompts, {unit.max_tokens} tokens each; "
+               f"{CONFIDENCE:.0%} CI per look); a win needs total x<{math.exp(-floor):.3f} "
+               f"({_floor_source(floor, asked)}): {said}" + queued.said())
     verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
     return Feedback("step_bench", verdict, finding, numbers,
                     locality={"slower_phase": max(estimates, key=lambda p: estimates[p].ratio)},
                     details={"outcome": outcome, "log_ratios": logs, "rounds": ran, "wait_share": queued.share(),
                              "seconds": round(time.monotonic() - started, 2)})
+
+
+def _floor_source(floor: float, asked: float) -> str:
+    """Where the floor came from, for the finding."""
+    if floor > asked:
+        return "the floor: the step A/A's outer bound, above the asked minimum"
+    if asked == STEP_MIN_FLOOR:
+        return "the floor: the least step win worth a server launch; the A/A, where run, lies within it"
+    return "the floor asked for"
 
 
 class QueueWait:
@@ -305,7 +351,7 @@ def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float
     estimate = block_estimate(logs["total"], AA_CONFIDENCE)
     floor = step_aa_floor(estimate)
     return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
-                    f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} rounds; a step win needs "
+                    f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} blocks (fresh pairs); a step win needs "
                     f"x<{math.exp(-floor):.3f}" + queued.said(), numbers={"aa_floor": Measure(floor, "log"),
                                                          "aa_ratio": Measure(estimate.ratio, "x", estimate.lo,
                                                                              estimate.hi, rounds)},
@@ -318,6 +364,19 @@ def trace_engine_code(worker: StepWorker, unit: Unit, path: Path) -> Feedback:
 
     feedback = analyze(worker.run(unit, trace=path)["trace"])
     feedback.locality["code"] = worker.code
+    return locate_self_time(feedback, worker.code)
+
+
+def locate_self_time(feedback: Feedback, code: str | None) -> Feedback:
+    """An analysis of an engine's trace with the code of its time in no child span: the `with span(...)`
+    blocks of those spans in the engine's code folder, added to the finding and to details["self_time"]."""
+    from infragent.analysis.self_time import code_range
+
+    for own in feedback.details.get("self_time", [])[:2]:
+        ranges = code_range(own["span"], Path(code)) if code else []
+        if ranges:
+            own["code"] = ranges
+            feedback.finding += f"; {own['span']!r} is `with span({own['span']!r})` at {', '.join(ranges[:3])}"
     return feedback
 
 

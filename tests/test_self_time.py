@@ -1,0 +1,65 @@
+"""Time in no child span: a parent whose children leave a large share of its time uncovered is a finding, with
+the code range its `with span(...)` block covers, and a hypothesis of its own."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from infragent.agent.hypotheses import from_analysis
+from infragent.analysis.self_time import code_range, self_time
+from infragent.analysis.trace_load import load_columns
+from infragent.probes.analyze import analyze
+
+
+def _trace(tmp_path: Path) -> Path:
+    """Ten steps of 100 µs: 'mlp' 45 and 'attention' 35 inside each, 20 in the step itself (a planted sleep); a
+    'load' span whose one child covers it all."""
+    events = []
+    for i in range(10):
+        t = i * 200
+        events += [{"ph": "X", "name": "step", "ts": t, "dur": 100, "pid": 1, "tid": 1, "cat": "span"},
+                   {"ph": "X", "name": "mlp", "ts": t + 5, "dur": 45, "pid": 1, "tid": 1, "cat": "span"},
+                   {"ph": "X", "name": "attention", "ts": t + 60, "dur": 35, "pid": 1, "tid": 1, "cat": "span"},
+                   {"ph": "X", "name": "load", "ts": t + 100, "dur": 100, "pid": 1, "tid": 1, "cat": "span"},
+                   {"ph": "X", "name": "read", "ts": t + 100, "dur": 100, "pid": 1, "tid": 1, "cat": "span"}]
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_a_parent_s_own_time_is_found_with_its_share_and_children(tmp_path: Path) -> None:
+    found = self_time(load_columns(_trace(tmp_path)))
+    assert [s.span for s in found] == ["step"]  # 'load' is covered by 'read': no own time
+    step = found[0]
+    assert step.self_ns == 10 * 20_000 and step.inclusive_ns == 10 * 100_000
+    assert abs(step.share - 0.10) < 1e-9 and step.children == ["mlp", "attention"]
+    assert self_time(load_columns(_trace(tmp_path)), min_share=0.11) == []
+
+
+def test_analyze_says_it_and_the_hypothesis_names_the_span(tmp_path: Path) -> None:
+    fb = analyze(_trace(tmp_path))
+    said = [f for f in fb.finding.split("; ") if "no child span" in f]
+    assert any("time in no child span: 'step' holds 10%" in f and "'mlp', 'attention'" in f for f in said), fb.finding
+    hypotheses = from_analysis(fb, {})
+    own = [h for h in hypotheses if "in no child span" in h.claim]
+    assert len(own) == 1 and own[0].spans == ["step"] and own[0].probe == "roofline", [h.claim for h in hypotheses]
+
+
+def test_code_range_finds_each_with_span_block(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "engine.py").write_text(
+        "from infragent.trace import span\n"
+        "import time\n\n"
+        "def step():\n"
+        "    with span('step'):\n"
+        "        with span(\"mlp\"):\n"
+        "            pass\n"
+        "        time.sleep(0.004)\n"
+        "\n"
+        "def other():\n"
+        "    with trace.span('step', n=1):\n"
+        "        pass\n")
+    (tmp_path / "pkg" / "broken.py").write_text("with span('step'):\n  (\n")  # does not parse: skipped
+    assert code_range("step", tmp_path) == ["pkg/engine.py:5-8", "pkg/engine.py:11-12"]
+    assert code_range("mlp", tmp_path) == ["pkg/engine.py:6-7"]
+    assert code_range("absent", tmp_path) == []
