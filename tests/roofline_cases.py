@@ -77,3 +77,38 @@ def large_copy_inputs(trial: int, gen: torch.Generator) -> tuple[Tensor, Tensor]
 def copy_into(dst: Tensor, src: Tensor) -> Tensor:
     """dst.copy_(src): zero FLOPs, all bytes."""
     return dst.copy_(src)
+
+
+ATT_B, ATT_H, ATT_L, ATT_S, ATT_D = 1, 4, 64, 96, 64  # S = 96 keys: not a multiple of a 128-wide key tile
+KEY_TILE, KEY_CHUNK = 128, 32
+
+
+def attention_inputs(trial: int, gen: torch.Generator) -> Case:
+    """q [B,H,L,D], k and v [B,H,S,D] of one attention call."""
+    q, k, v = (torch.randn(ATT_B, ATT_H, n, ATT_D, generator=gen) for n in (ATT_L, ATT_S, ATT_S))
+    return Case(args=(q, k, v), label=f"L={ATT_L} S={ATT_S} D={ATT_D}")
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The reference: scores scaled by a divide, a fused softmax, one matmul each side."""
+    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+def attention_padded_chunked(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Planted: keys padded 96 → 128 (masked with -inf), the softmax decomposed and run per 32-key chunk, each
+    chunk recomputing the whole rows' max and sum and checking them with an .item() sync."""
+    s = k.shape[-2]
+    pad = -s % KEY_TILE
+    k_pad, v_pad = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+    mask = torch.zeros(s + pad)
+    mask[s:] = float("-inf")
+    scores = q @ k_pad.transpose(-1, -2) * (1.0 / q.shape[-1] ** 0.5) + mask
+    out = torch.zeros(*q.shape[:-1], v.shape[-1])
+    for j in range(0, s + pad, KEY_CHUNK):
+        row_max = scores.amax(-1, keepdim=True)  # the whole row, again in every chunk
+        row_sum = (scores - row_max).exp().sum(-1, keepdim=True)
+        if row_sum.min().item() <= 0:  # a host sync per chunk
+            raise FloatingPointError("an empty softmax row")
+        p = (scores[..., j:j + KEY_CHUNK] - row_max).exp() / row_sum
+        out += p @ v_pad[..., j:j + KEY_CHUNK, :]
+    return out

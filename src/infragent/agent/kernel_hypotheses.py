@@ -118,7 +118,10 @@ def _redone_work(results: dict[str, Record], knobs: dict[str, Knob]) -> Hypothes
     details = (trace or {}).get("details", {})
     redone = [r for r in details.get("repeats", []) if r["name"] in details.get("redone", [])]
     if redone:
-        kinds = {r["op"]: r["kind"] for r in roof["details"].get("extra_work", [])}
+        kinds: dict[str, str] = {}
+        for r in roof["details"].get("extra_work", []):  # rows are roles; a span's ops are op names
+            for op in r.get("ops") or [r["op"]]:
+                kinds.setdefault(op, r["kind"])
         by_kind = {name: span_kind(details.get("span_ops", {}).get(name, {}), kinds) for name in
                    (r["name"] for r in redone)}
         parent, per_call = redone[0]["parent"], redone[0]["per_call"]

@@ -16,12 +16,14 @@ import gc
 import inspect
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 import torch
 
 from infragent.probes.redundancy import describe, extra_work
+from infragent.probes.time_gap import TimeGap, time_gap
+from infragent.probes.time_gap import describe as describe_gap
 from infragent.probes.work import WorkCount, count_work, work_of
 from infragent.analysis.stats import Summary, bootstrap_median, min_detectable_effect
 from infragent.probes.feedback import Feedback, Measure
@@ -70,6 +72,16 @@ class RooflineResult:
     others_cores: float | None = None  # CPU, in cores, other processes used while fn was timed
     device: str = "cpu"  # where the inputs live
     dtype: str = ""  # the inputs' compute dtype (what picks a GPU's compute roof)
+    reference_time: Summary | None = None  # the reference's seconds per call, timed on the same case
+
+    @property
+    def gap(self) -> TimeGap | None:
+        """The time gap beyond the FLOP ratio (None without a timed, counted reference)."""
+        ops = self.reference_ops or self.reference_work
+        if self.reference_time is None or ops is None or self.reference_work is None:
+            return None
+        return time_gap(self.work, replace(ops, flops=self.reference_work.flops), self.time.median,
+                        self.reference_time.median, self.roofs.op_floor_s)
 
     @property
     def redundant_flop_fraction(self) -> float | None:
@@ -224,12 +236,13 @@ def measure_roofline(fn: Callable[..., Any], factory: InputsFactory, reference: 
         watch = CpuWatch()
         summary, loops = time_call(fn, case, budget_s)
         others = watch.others_cores()
+        reference_time = time_call(reference, clone_case(case), budget_s / 2)[0] if reference is not None else None
     finally:
         torch.set_num_threads(before)
     return RooflineResult(name=_name(fn), shapes=_describe(fn, case), work=work, time=summary, peaks=peaks,
                           roofs=roofs, classification=classify(work, summary.median, roofs), threads=threads,
                           loops=loops, useful_flops=useful_flops, reference_work=reference_work, others_cores=others,
-                          reference_ops=reference_ops, device=str(device),
+                          reference_ops=reference_ops, device=str(device), reference_time=reference_time,
                           dtype=str(dtype).removeprefix("torch.") if dtype else "")
 
 
@@ -272,6 +285,8 @@ def _finding(r: RooflineResult, noisy: bool, rel: float) -> str:
         if red > 0 and r.reference_ops is not None and r.reference_ops.by_op and r.work.by_op:
             where = describe(extra_work(r.work, r.reference_ops), r.work.flops)
             text += f" -- {where}" if where else ""
+    if (gap := r.gap) is not None and gap.wide:
+        text += f"; {describe_gap(gap)}"
     if r.others_cores is not None and r.others_cores > CONTENDED_CORES:
         text += f" [contended: other processes used {r.others_cores:.1f} of {os.cpu_count()} cores while timing]"
     if noisy:
@@ -287,6 +302,9 @@ def _next_probes(r: RooflineResult, noisy: bool = False) -> list[str]:
     red = r.redundant_flop_fraction
     if red is not None and red > 0.05:
         out.append("find the padded or recomputed work: compare the kernel's shapes and per-tile math with the reference")
+    if (gap := r.gap) is not None and gap.wide and (gap.syncs > gap.reference_syncs or gap.ops > 2 * gap.reference_ops):
+        out.append("take the host syncs (.item(), .cpu()) out of the loop and do the chunks in one batched op; "
+                   "`infragent record` shows the per-op time")
     if c.bound == "overhead-bound":
         out.append("more work per call (batch) or fewer torch ops (fuse); `infragent record` shows per-op time")
     elif c.bound == "memory-bound" and r.work.op_bytes > 2 * r.work.bytes:
@@ -332,17 +350,30 @@ def to_feedback(r: RooflineResult, max_rel_ci: float = 0.2) -> Feedback:
         "counts": asdict(r.work), "threads": r.threads, "loops_per_sample": r.loops,
         "others_cores_while_timing": r.others_cores,
     }
+    if (gap := r.gap) is not None:
+        details["time_gap"] = {**asdict(gap), "wide": gap.wide, "op_overhead_s": gap.op_overhead_s}
+        numbers["time_ratio_vs_reference"] = Measure(gap.time_ratio, "x")
+        numbers["flop_ratio_vs_reference"] = Measure(gap.flop_ratio, "x")
     if r.reference_work is not None:
         details["reference_counts"] = asdict(r.reference_work)
         ops = r.reference_ops or r.reference_work
         rows = extra_work(r.work, ops) if ops.by_op and r.work.by_op else []
-        details["extra_work"] = [{**asdict(row), "repeat": row.repeat, "extra_flops": row.extra_flops} for row in rows]
+        details["extra_work"] = [{**asdict(row), "repeat": row.repeat, "extra_flops": row.extra_flops,
+                                  "padding_flops": row.padding_flops, "recompute_flops": row.recompute_flops}
+                                 for row in rows]
+        padded = [row for row in rows if row.padding_flops > 0]
+        if padded:
+            numbers["padding_flop_fraction"] = Measure(sum(row.padding_flops for row in padded) / r.work.flops)
+            details["padded_dimensions"] = list(dict.fromkeys(row.grown for row in padded))
         recomputed = [row for row in rows if row.kind == "recomputed"]
         if recomputed:
-            numbers["recompute_factor"] = Measure(max(row.repeat for row in recomputed), "x per call")
-            numbers["recomputed_flop_fraction"] = Measure(sum(row.extra_flops for row in recomputed) / r.work.flops)
+            numbers["recompute_factor"] = Measure(max(row.repeat / row.padding for row in recomputed), "x per call")
+            numbers["recomputed_flop_fraction"] = Measure(sum(row.recompute_flops for row in recomputed) / r.work.flops)
+    locality = {"function": r.name, "shapes": r.shapes}
+    if details.get("padded_dimensions"):
+        locality["padded_dimension"] = ", ".join(details["padded_dimensions"])
     return Feedback(probe="roofline", verdict="inconclusive" if noisy else "pass", finding=_finding(r, noisy, rel),
-                    numbers=numbers, locality={"function": r.name, "shapes": r.shapes},
+                    numbers=numbers, locality=locality,
                     next_probes=_next_probes(r, noisy),
                     details=details)
 

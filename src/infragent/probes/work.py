@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from infragent.engine.models.kda_ops import kda_decode_step
 from infragent.probes.inputs import Case, call, tensors_of
+from infragent.probes.op_roles import SYNC_OPS, fused, role
 
 
 @dataclass
@@ -37,6 +38,11 @@ class WorkCount:
     by_op: dict[str, tuple[int, float]] = field(default_factory=dict)  # op name -> (calls, FLOPs); when counted
     shapes: dict[str, list[list[list[int]]]] = field(default_factory=dict)  # op name -> its operands' shapes
     # (the first MAX_SHAPES distinct ones): what tells a padded dimension apart
+    by_role: dict[str, tuple[int, float]] = field(default_factory=dict)  # op_roles.role -> (calls, FLOPs), fused
+    # ops expanded into the roles of their decomposition: what redundancy pairs across two kernels
+    role_shapes: dict[str, list[list[list[int]]]] = field(default_factory=dict)  # role -> its ops' operand shapes
+    role_ops: dict[str, list[str]] = field(default_factory=dict)  # role -> the op names that did it
+    syncs: int = 0  # ops after which the host waits for a result (.item(), .tolist(), nonzero, a copy to the CPU)
 
 
 # ---- formulas ---------------------------------------------------------------------------------------------
@@ -114,7 +120,7 @@ _DATA_MOVEMENT = frozenset("""
     scatter index_put index_copy slice_scatter select_scatter as_strided_scatter masked_fill where repeat
     expand_copy permute_copy contiguous lift_fresh lift_fresh_copy flip roll tril triu arange detach alias
     set resize narrow_copy t_copy transpose_copy view_copy split_with_sizes_copy embedding _unsafe_view
-    randn rand normal uniform bernoulli random randint randperm
+    randn rand normal uniform bernoulli random randint randperm _local_scalar_dense
 """.split())
 
 
@@ -144,6 +150,11 @@ class _OpCounter(TorchDispatchMode):
         self.ops = 0
         self.op_bytes = 0
         self.shapes: dict[str, list[list[list[int]]]] = {}
+        self.role_calls: Counter[str] = Counter()
+        self.role_flops: Counter[str] = Counter()
+        self.role_shapes: dict[str, list[list[list[int]]]] = {}
+        self.role_ops: dict[str, list[str]] = {}
+        self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -154,36 +165,69 @@ class _OpCounter(TorchDispatchMode):
         self.op_bytes += sum(_nbytes(t) for t in tensors_of((args, kwargs)) + tensors_of(out))
         name = _base_name(func)
         self.calls[name] += 1
-        seen = self.shapes.setdefault(name, [])
         shape = [list(t.shape) for t in tensors_of(args)]
-        if len(seen) < MAX_SHAPES and shape not in seen:
-            seen.append(shape)
+        _note_shape(self.shapes.setdefault(name, []), shape)
+        self.syncs += name in SYNC_OPS or _copies_to_host(name, args, out)
         packet = func._overloadpacket
         sibling = getattr(torch.ops.aten, name, None)
-        if packet in self.registry:
-            if self.timeline is not None:  # FlopCounterMode counts it; the timeline needs it per call
-                self.timeline.append((time.perf_counter_ns(), name, self.registry[packet](*args, **kwargs, out_val=out),
-                                      _dtype(out)))
+        inside = fused(name, args, kwargs)
+        if packet in self.registry:  # FlopCounterMode counts its matmuls; roles and the timeline need them per call
+            flops = self.registry[packet](*args, **kwargs, out_val=out)
+            rest = [(r, f) for r, f in inside or [] if r != "matmul"]
+            self._roles(name, [("matmul", flops)] + rest, shape)
+            if rest:
+                self.parts["fused"] += sum(f for _, f in rest)
+                self.op_flops[name] += sum(f for _, f in rest)
+            if self.timeline is not None:
+                self.timeline.append((time.perf_counter_ns(), name, flops + sum(f for _, f in rest), _dtype(out)))
             return out
+        if inside is not None:
+            self._roles(name, inside, shape)
+            self._add("fused", name, int(sum(f for _, f in inside)), out)
         elif sibling is not None and sibling in self.registry:  # e.g. baddbmm_: FlopCounterMode misses in-place
-            self._add("matmul_inplace", name, self.registry[sibling](*args, **kwargs, out_val=out), out)
+            self._add("matmul_inplace", name, self.registry[sibling](*args, **kwargs, out_val=out), out, shape, "matmul")
         elif name in _DATA_MOVEMENT:
             pass
         elif torch.Tag.pointwise in func.tags:
             outs = tensors_of(out)
-            self._add("pointwise", name, outs[0].numel() if outs else 0, out)
+            self._add("pointwise", name, outs[0].numel() if outs else 0, out, shape, role(name, args, out))
         elif torch.Tag.reduction in func.tags:
             ins = tensors_of(args)
-            self._add("reduction", name, max((t.numel() for t in ins), default=0), out)
+            self._add("reduction", name, max((t.numel() for t in ins), default=0), out, shape, role(name, args, out))
         else:
             self.uncounted[str(func)] += 1
         return out
 
-    def _add(self, part: str, name: str, flops: int, out: Any = None) -> None:
+    def _add(self, part: str, name: str, flops: int, out: Any = None, shape: list | None = None,
+             as_role: str | None = None) -> None:
         self.parts[part] += flops
         self.op_flops[name] += flops
+        if as_role is not None:
+            self._roles(name, [(as_role, flops)], shape or [])
         if self.timeline is not None:
             self.timeline.append((time.perf_counter_ns(), name, flops, _dtype(out)))
+
+    def _roles(self, name: str, parts: list[tuple[str, float]], shape: list) -> None:
+        for part_role, flops in parts:
+            self.role_calls[part_role] += 1
+            self.role_flops[part_role] += flops
+            _note_shape(self.role_shapes.setdefault(part_role, []), shape)
+            ops = self.role_ops.setdefault(part_role, [])
+            if name not in ops:
+                ops.append(name)
+
+
+def _note_shape(seen: list, shape: list) -> None:
+    if len(seen) < MAX_SHAPES and shape not in seen:
+        seen.append(shape)
+
+
+def _copies_to_host(name: str, args: tuple, out: Any) -> bool:
+    """A copy from a device tensor into host memory (.cpu(), .to('cpu'), .numpy() of a CUDA tensor)."""
+    if name not in ("_to_copy", "copy"):
+        return False
+    ins, outs = tensors_of(args), tensors_of(out)
+    return bool(ins and outs) and ins[-1].device.type != "cpu" and outs[0].device.type == "cpu"
 
 
 def _dtype(out: Any) -> str:
@@ -229,9 +273,11 @@ def count_work(fn: Callable[..., Any], case: Case, timeline: list | None = None)
     for packet, flops in counter.get_flop_counts().get("Global", {}).items():
         ops.op_flops[str(packet).split(".")[-1]] += flops
     by_op = {name: (calls, float(ops.op_flops[name])) for name, calls in ops.calls.items()}
+    by_role = {name: (calls, float(ops.role_flops[name])) for name, calls in ops.role_calls.items()}
     return WorkCount(flops=sum(parts.values()), bytes=nbytes, source="counted", ops=ops.ops,
                      op_bytes=float(ops.op_bytes), parts=parts, uncounted_ops=dict(ops.uncounted), by_op=by_op,
-                     shapes=ops.shapes)
+                     shapes=ops.shapes, by_role=by_role, role_shapes=ops.role_shapes, role_ops=ops.role_ops,
+                     syncs=ops.syncs)
 
 
 def work_of(fn: Callable[..., Any], case: Case) -> WorkCount:
@@ -243,4 +289,5 @@ def work_of(fn: Callable[..., Any], case: Case) -> WorkCount:
     name, formula = found
     flops, nbytes = formula(case)
     return WorkCount(flops=flops, bytes=nbytes, source=f"formula:{name}", ops=counted.ops, op_bytes=counted.op_bytes,
-                     parts={"counted_total": counted.flops, **counted.parts}, uncounted_ops=counted.uncounted_ops)
+                     parts={"counted_total": counted.flops, **counted.parts}, uncounted_ops=counted.uncounted_ops,
+                     syncs=counted.syncs)
