@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import infragent  # noqa: E402
 from infragent.analysis.blocks import block_estimate  # noqa: E402
-from infragent.probes.step_bench import StepAA, StepWorker, step_bench, step_floor  # noqa: E402
+from infragent.probes.step_bench import STEP_TRIM, StepAA, StepWorker, step_bench, step_floor  # noqa: E402
 from step_unit_spread import CONFIG, shapes  # noqa: E402
 
 STEP_LINE = '        with span("step"):\n'
@@ -53,7 +53,7 @@ def row(kind: str, run: int, fb, seconds: float) -> dict:  # noqa: ANN001
     """One run's result as data."""
     ratio = fb.numbers.get("total_ratio") or fb.numbers.get("aa_ratio")
     logs = fb.details.get("log_ratios", {}).get("total", [])
-    wide = block_estimate(logs, 0.99) if len(logs) > 1 else None  # the bench's own decision confidence
+    wide = block_estimate(logs, 0.99, STEP_TRIM) if len(logs) > 1 else None  # the bench's own decision interval
     return {"kind": kind, "run": run, "verdict": fb.verdict, "ratio": ratio.value, "lo": ratio.ci_low,
             "hi": ratio.ci_high, "lo99": wide.lo if wide else None, "hi99": wide.hi if wide else None,
             "blocks": ratio.n, "floor": (fb.numbers.get("floor") or fb.numbers["aa_floor"]).value,
@@ -91,6 +91,8 @@ def main() -> None:
         rows.append(r)
         print(f"{r['kind']} {r['run']}: {r['verdict']} x{r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] "
               f"{r['blocks']} blocks, floor {r['floor']:.3f}, {r['seconds']} s", flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # kept after every run: an interrupted run keeps its rows
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
 
     for run in range(args.aa_runs):
         started = time.monotonic()
@@ -119,8 +121,6 @@ def main() -> None:
               f"mean {sum(r['seconds'] for r in fix) / len(fix):.0f} s a run")
     if noops:
         print(f"no-op patch: accepted {sum(r['verdict'] == 'pass' for r in noops)}/{len(noops)}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
     print(f"raw: {args.out}")
 
 

@@ -38,7 +38,9 @@ def test_bench_keeps_its_budget_on_one_second_callables():
 def test_bench_return_metric_reports_the_work_ratio_and_time_mode_warns():
     fb = run_bench(cases.fixed_fast, cases.fixed_slow, budget_s=3.0, metric="return")
     rate = fb.numbers["work_rate_ratio"]
-    assert fb.verdict == "pass" and rate.ci_low > 1 and rate.value >= rate.ci_low, fb.render()  # x9.2: benchmarks/
+    assert fb.verdict != "fail" and rate.value > 1, fb.render()  # never the wrong direction
+    if fb.details["outcome"] != "contended":  # busy machine: an honest inconclusive; else x9.2 is decided
+        assert fb.verdict == "pass" and rate.ci_low > 1 and rate.value >= rate.ci_low, fb.render()  # x9.2 quiet
     assert "the work per second" in fb.finding
     wall = run_bench(cases.fixed_fast, cases.fixed_slow, budget_s=2.0)
     assert wall.verdict == "inconclusive" and "WARNING" in wall.finding and "--metric return" in wall.finding, wall.finding

@@ -98,6 +98,8 @@ def test_the_llm_proposer_works_an_engine_worktree_through_charged_probes(tmp_pa
     assert trial["status"] == "measured" and trial["feasible"] and trial["proposer"] == "llm", trial
     records = {r["key"]: r for r in ledger.probe_results(outcome.run_id)}
     assert records["trial/0/tool/record"]["probe"] == "analyze" and "sample" in records["trial/0/tool/record"]["finding"]
+    assert "top spans by own time: " in records["trial/0/tool/record"]["finding"]
+    assert "; in no child span: " in records["trial/0/tool/record"]["finding"]
     assert records["trial/0/tool/gates"]["verdict"] == "pass"
     assert all(records[k]["feedback"]["details"].get("charged", True) for k in ("trial/0/tool/record", "trial/0/tool/gates"))
     transcript = records["trial/0/proposal"]["feedback"]["details"]["transcript"]

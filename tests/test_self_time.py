@@ -63,3 +63,16 @@ def test_code_range_finds_each_with_span_block(tmp_path: Path) -> None:
     assert code_range("step", tmp_path) == ["pkg/engine.py:5-8", "pkg/engine.py:11-12"]
     assert code_range("mlp", tmp_path) == ["pkg/engine.py:6-7"]
     assert code_range("absent", tmp_path) == []
+
+
+def test_the_span_table_lists_top_spans_and_own_time_with_code(tmp_path: Path) -> None:
+    from infragent.probes.step_bench import span_table
+
+    fb = analyze(_trace(tmp_path))
+    fb.details["self_time"][0]["code"] = ["pkg/engine.py:5-8"]
+    table = span_table(fb.details)
+    assert table.startswith("top spans by own time: 'read' 50% (1 ms in 10 calls), 'mlp' 22%")
+    assert "'load'" not in table  # no own time
+    assert table.endswith("in no child span: 'step' 10% (20% of its time; children 'mlp', 'attention') at "
+                          "pkg/engine.py:5-8")
+    assert span_table({}).endswith("no span with children holds 8% of busy time")

@@ -100,12 +100,17 @@ def test_every_block_is_a_fresh_pair_and_a_verdict_is_read_at_an_even_count() ->
     assert counts and all(n % 2 == 0 for n in counts), counts  # each side forked first equally often
 
 
-def test_the_step_floor_clears_the_aa_interval_and_the_minimum() -> None:
+def test_the_step_floor_is_the_bias_the_aa_shows_and_at_least_the_minimum() -> None:
     tight = block_estimate([0.001, -0.002, 0.0015, -0.001, 0.0005, 0.0, 0.001, -0.0005])
     assert step_aa_floor(tight) == STEP_MIN_FLOOR
     wide = block_estimate([-0.08, -0.02, -0.06, -0.01, -0.07, -0.03, -0.05, -0.04])
     assert step_aa_floor(wide) == pytest.approx(-math.log(wide.lo)) and step_aa_floor(wide) > STEP_MIN_FLOOR
     assert step_aa_floor(block_estimate([0.01])) == math.inf
+    noisy = block_estimate([0.09, -0.07, 0.05, -0.08, 0.06, -0.04, 0.02, -0.01])  # contains 1: noise, no bias shown
+    assert noisy.lo < 1 < noisy.hi and -math.log(noisy.lo) > 0.04
+    assert step_aa_floor(noisy) == STEP_MIN_FLOOR  # its noise is in the candidate's own interval already
+    offset = block_estimate([0.12, -0.04, 0.10, -0.03, 0.09, -0.05, 0.11, 0.02])  # contains 1, an offset of ~4%
+    assert offset.lo < 1 < offset.hi and step_aa_floor(offset) == pytest.approx(math.log(offset.ratio))
 
 
 def test_no_aa_is_run_for_a_candidate_that_does_not_win() -> None:
@@ -168,3 +173,14 @@ def test_a_ten_percent_win_over_children_of_their_own_speeds_is_found() -> None:
         cand = TimedChild("candidate", 0.9, 0.03, 500 + seed, own_sd=0.03)
         found += step_bench(base, cand, UNIT, floor=STEP_MIN_FLOOR).verdict == "pass"  # type: ignore[arg-type]
     assert found >= 40, found
+
+
+def test_the_trimmed_estimate_is_the_t_interval_without_a_cut_and_shrugs_off_wild_blocks() -> None:
+    calm = [-0.09, -0.11, -0.08, -0.10, -0.12, -0.07, -0.10, -0.09, -0.11, -0.08]
+    plain, yuen = block_estimate(calm, 0.99), block_estimate(calm[:4], 0.99, 0.2)
+    assert yuen.lo == pytest.approx(block_estimate(calm[:4], 0.99).lo) and yuen.df == 3  # 0.2 x 4 blocks: none cut
+    wild = calm[:8] + [0.25, -0.40]  # two pairs far off, one each way
+    t_wild, y_wild = block_estimate(wild, 0.99), block_estimate(wild, 0.99, 0.2)
+    assert y_wild.df == 5 and y_wild.trim == 0.2  # 2 cut from each end of 10
+    assert abs(math.log(y_wild.ratio) - math.log(plain.ratio)) < 0.01  # the centre stays where the bulk is
+    assert y_wild.half_width < t_wild.half_width / 2 and y_wild.hi < math.exp(-STEP_MIN_FLOOR) < t_wild.hi

@@ -3,7 +3,7 @@
 The program runs in the workspace's source folder with the JSON context on stdin (plus `workspace` and
 `root`, the worktree's top and source folder). It either prints a unified diff, prints a JSON object
 `{"patch": ..., "rationale": ..., "hypothesis": "hypothesis/N"}`, or edits the files in place (then the
-worktree's diff is the patch). A proposal that names no hypothesis tests the first supported (else open) one.
+worktree's diff is the patch). A proposal that names no hypothesis tests none.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from infragent.lab.spec import Spec
 from infragent.lab.target import TargetProcess
 from infragent.probes.artifacts import artifact_dir
 from infragent.probes.feedback import Feedback, Measure
-from infragent.probes.step_bench import StepWorker, check_tokens, trace_engine_code
+from infragent.probes.step_bench import StepWorker, check_tokens, span_table, trace_engine_code
 
 
 
@@ -118,11 +118,14 @@ def _gil(target: ServingHost, ws: Workspace) -> Callable[[], Feedback]:
 
 def _record(target: ServingHost, ws: Workspace) -> Callable[[], Feedback]:
     def record() -> Feedback:
-        """record + analyze: a traced batch on your worktree's engine, attributed (top spans, threads)"""
+        """record + analyze: a traced batch on your worktree's engine, attributed: the top spans by own time and
+        the spans with time in no child span (with their code ranges)"""
         worker = StepWorker(ws.path, target.engine_fields(target.baseline_knobs), "candidate").ready()
         try:
             path = artifact_dir() / f"trace-worktree-{time.strftime('%Y%m%d-%H%M%S')}.json"
-            return trace_engine_code(worker, step_unit(target.spec), path)
+            feedback = trace_engine_code(worker, step_unit(target.spec), path)
+            feedback.finding += f"; {span_table(feedback.details)}"
+            return feedback
         finally:
             worker.close()
     return record

@@ -31,6 +31,8 @@ class BlockEstimate:
     blocks: int
     log_ratios: list[float]
     confidence: float
+    df: int = 0  # the t interval's degrees of freedom (blocks kept − 1); 0: blocks − 1
+    trim: float = 0.0  # the share of blocks cut from each end before the mean (see block_estimate)
 
     @property
     def half_width(self) -> float:
@@ -59,17 +61,29 @@ def block_log_ratios(baseline: Sequence[RequestRecord], candidate: Sequence[Requ
     return ratios
 
 
-def block_estimate(log_ratios: Sequence[float], confidence: float = 0.95) -> BlockEstimate:
-    """Geometric-mean ratio over blocks with a two-sided t interval (blocks − 1 degrees of freedom)."""
+def block_estimate(log_ratios: Sequence[float], confidence: float = 0.95, trim: float = 0.0) -> BlockEstimate:
+    """Geometric-mean ratio over blocks with a two-sided t interval (blocks − 1 degrees of freedom).
+
+    trim > 0: Yuen's trimmed mean. The int(trim × blocks) lowest and highest log ratios are cut before the
+    mean, and the interval uses the winsorized variance with (blocks kept − 1) degrees of freedom. Then a
+    few wild blocks (a child that started slow, a burst on the machine) neither move the centre nor widen the
+    interval the way they widen a plain t interval. With no cut (fewer than 1/trim blocks) it is the plain t
+    interval."""
     data = np.asarray(log_ratios, dtype=float)
     if data.size == 0:
         return BlockEstimate(math.nan, math.nan, math.nan, 0, [], confidence)
-    mean = float(data.mean())
     if data.size < 2:
-        return BlockEstimate(math.exp(mean), 0.0, math.inf, 1, data.tolist(), confidence)
-    half = float(student_t.ppf(0.5 + confidence / 2, data.size - 1) * data.std(ddof=1) / math.sqrt(data.size))
-    return BlockEstimate(math.exp(mean), math.exp(mean - half), math.exp(mean + half), int(data.size),
-                         data.tolist(), confidence)
+        return BlockEstimate(math.exp(float(data.mean())), 0.0, math.inf, 1, data.tolist(), confidence)
+    n = data.size
+    cut = int(trim * n)
+    kept = n - 2 * cut
+    ordered = np.sort(data)
+    centre = float(ordered[cut:n - cut].mean())
+    winsorized = np.clip(data, ordered[cut], ordered[n - cut - 1])
+    se = math.sqrt((n - 1) * float(winsorized.var(ddof=1)) / (kept * (kept - 1)))
+    half = float(student_t.ppf(0.5 + confidence / 2, kept - 1)) * se
+    return BlockEstimate(math.exp(centre), math.exp(centre - half), math.exp(centre + half), int(n), data.tolist(),
+                         confidence, kept - 1, trim)
 
 
 def aa_floor(estimate: BlockEstimate) -> float:
@@ -109,6 +123,7 @@ def could_win_by(estimate: BlockEstimate, floor: float, blocks: int) -> bool:
     if n >= blocks:
         return False
     q = 0.5 + estimate.confidence / 2
-    spread = estimate.half_width * math.sqrt(n) / float(student_t.ppf(q, n - 1))
-    half_then = float(student_t.ppf(q, blocks - 1)) * spread / math.sqrt(blocks)
+    spread = estimate.half_width * math.sqrt(n) / float(student_t.ppf(q, estimate.df or n - 1))
+    kept_then = blocks - 2 * int(estimate.trim * blocks)
+    half_then = float(student_t.ppf(q, kept_then - 1)) * spread / math.sqrt(blocks)
     return math.log(estimate.lo) + half_then < -floor

@@ -16,10 +16,18 @@ candidate's child carried its own. Over fresh pairs the offsets are samples like
 interval over blocks covers them. The child forked first of a set was the fast one more often than chance
 (5 of 9 sessions of four), and A/As whose blocks forked the baseline first 9 times in 16 read x0.985-x1.025 (mean x1.008):
 so the side forked first alternates, and a verdict is read only at an even number of blocks.
+The price is a wider, heavy-tailed spread per block (a pair's two offsets are in it, and now and then a pair
+is 10-25% off: sd 4-11% of a step against ~1.3% for rounds on one pair). It is paid in blocks and in a
+robust centre: with at most 16 blocks and a plain t interval a planted 10% slowdown's fix (x0.90-0.94) was
+shown in 3 of 8 runs (benchmarks/step_bench_power.py); blocks cost ~2.3 s, so the cap is 32, and the centre
+is a 20% trimmed mean with Yuen's interval (STEP_TRIM), so a few wild pairs neither move nor widen it.
 
 A step win is strict, because a patch with one goes on to an end-to-end run that only guards against
-regressions: the candidate's whole 99% interval must lie beyond the floor, and the floor clears the A/A
-interval's outer bound and at least STEP_MIN_FLOOR. The blocks stop early, from MIN_ROUNDS on, once the
+regressions: the candidate's whole 99% interval must lie beyond the floor, at least STEP_MIN_FLOOR. The A/A
+sets the floor higher only by the bias it shows: its own offset when its interval contains 1 (the
+candidate's interval already holds the noise; holding it to the A/A's outer bound too counted the noise
+twice, and a 10% fix was refused in 1 of 2 runs at a floor of 5.7% from an A/A of x0.99 [0.94, 1.06]), its
+outer bound when its interval excludes 1 (a bias shown). The blocks stop early, from MIN_ROUNDS on, once the
 verdict is known: a win, or no win reachable by MAX_ROUNDS.
 
 The A/A is measured only as far as a decision needs it. A candidate that does not win at STEP_MIN_FLOOR
@@ -44,10 +52,11 @@ from infragent.probes.step_child import start_child
 
 CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
 CONFIDENCE = 0.99  # per look, from MIN_ROUNDS to MAX_ROUNDS
-AA_CONFIDENCE = 0.95  # the A/A interval whose outer bound is the floor
+AA_CONFIDENCE = 0.95  # the A/A interval that says whether the bench shows a bias (then its outer bound is the floor)
 MIN_ROUNDS = 4  # blocks; a look at 3 (2 degrees of freedom) doubled false wins in simulation: 0.25% vs 0.1%
-MAX_ROUNDS = 16  # blocks (even: each side forked first in half of them)
+MAX_ROUNDS = 32  # blocks (even: each side forked first in half of them); ~2.3 s each for the llama engine
 PAIR_ROUNDS = 2  # alternating rounds per pair of children (a block): one each way round
+STEP_TRIM = 0.2  # of the blocks, cut from each end before the mean (Yuen's trimmed mean: block_estimate)
 STEP_MIN_FLOOR = 0.03  # the least step win worth a server launch (a fresh-pair A/A's 95% bound is ~3-4%)
 WARMUP_UNITS = 1  # units of a shape a child runs before its timings count: only a shape's first is slow (+18%)
 ANSWER_TIMEOUT_S = 300.0  # a worker that answers nothing this long (engine build or one unit) is killed
@@ -255,11 +264,11 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     while True:
         def decided(logs: dict[str, list[float]], floor: float = floor) -> bool:
-            estimate = block_estimate(logs["total"], CONFIDENCE)
+            estimate = block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)
             return step_verdict(estimate, floor) == "win" or not could_win_by(estimate, floor, rounds)
 
         logs = step_rounds(baseline, candidate, unit, rounds, decided, logs)
-        total = block_estimate(logs["total"], CONFIDENCE)
+        total = block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)
         if aa is None or step_verdict(total, floor) != "win":
             break
         margin = -math.log(total.hi)
@@ -269,7 +278,7 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
             break  # the win clears the A/A's floor too
         # the A/A is wider than this win: more rounds may still show one beyond it
     ran = len(logs["total"])
-    estimates = {phase: block_estimate(values, CONFIDENCE) for phase, values in logs.items()}
+    estimates = {phase: block_estimate(values, CONFIDENCE, STEP_TRIM) for phase, values in logs.items()}
     outcome = step_verdict(estimates["total"], floor)
     numbers = {f"{phase}_ratio": Measure(e.ratio, "x", e.lo, e.hi, e.blocks) for phase, e in estimates.items()}
     numbers["floor"] = Measure(floor, "log")
@@ -290,7 +299,7 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
 def _floor_source(floor: float, asked: float) -> str:
     """Where the floor came from, for the finding."""
     if floor > asked:
-        return "the floor: the step A/A's outer bound, above the asked minimum"
+        return "the floor: the bias the step A/A shows, above the asked minimum"
     if asked == STEP_MIN_FLOOR:
         return "the floor: the least step win worth a server launch; the A/A, where run, lies within it"
     return "the floor asked for"
@@ -329,9 +338,12 @@ def step_verdict(estimate: BlockEstimate, floor: float) -> str:
 
 
 def step_aa_floor(estimate: BlockEstimate) -> float:
-    """The step bench's floor from its A/A: the interval's outer bound (log), at least STEP_MIN_FLOOR."""
+    """The step bench's floor from its A/A (log), at least STEP_MIN_FLOOR: the A/A's offset from 1 when its
+    interval contains 1 (no bias beyond noise), its outer bound when the interval excludes 1 (a bias)."""
     if estimate.blocks < 2:
         return math.inf
+    if estimate.lo <= 1.0 <= estimate.hi:
+        return max(STEP_MIN_FLOOR, abs(math.log(estimate.ratio)))
     return max(STEP_MIN_FLOOR, abs(math.log(estimate.lo)), abs(math.log(estimate.hi)))
 
 
@@ -339,20 +351,22 @@ def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float
                logs: dict[str, list[float]] | None = None) -> Feedback:
     """The A/A floor of the step bench: the baseline's engine against a second child of the same code, rounds
     added (to logs, from an earlier call) until the floor is known to lie below margin (log: the distance of
-    a win from no change) or there are MAX_ROUNDS. The floor clears the A/A interval's outer bound, so fewer
-    rounds (a wider interval) only make it stricter; an early stop needs the 99% interval under the margin
-    too, so that looking after every round cannot stop on a lucky one."""
+    a win from no change) or there are MAX_ROUNDS (step_aa_floor: the A/A's offset, or its outer bound where
+    it shows a bias). An early stop reads the 99% interval, so that looking after every round cannot stop on
+    a lucky one."""
     def settled(logs: dict[str, list[float]]) -> bool:
-        return step_aa_floor(block_estimate(logs["total"], CONFIDENCE)) < margin
+        return step_aa_floor(block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)) < margin
 
     queued = QueueWait(baseline, twin)
     logs = step_rounds(baseline, twin, unit, MAX_ROUNDS, settled, logs)
     rounds = len(logs["total"])
-    estimate = block_estimate(logs["total"], AA_CONFIDENCE)
+    estimate = block_estimate(logs["total"], AA_CONFIDENCE, STEP_TRIM)
     floor = step_aa_floor(estimate)
     return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
-                    f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} blocks (fresh pairs); a step win needs "
-                    f"x<{math.exp(-floor):.3f}" + queued.said(), numbers={"aa_floor": Measure(floor, "log"),
+                    f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} blocks (fresh pairs; "
+                    + ("contains 1: no bias beyond noise" if estimate.lo <= 1 <= estimate.hi else
+                       "excludes 1: a bias, held against by its outer bound")
+                    + f"); a step win needs x<{math.exp(-floor):.3f}" + queued.said(), numbers={"aa_floor": Measure(floor, "log"),
                                                          "aa_ratio": Measure(estimate.ratio, "x", estimate.lo,
                                                                              estimate.hi, rounds)},
                     details={"log_ratios": logs, "wait_share": queued.share()})
@@ -365,6 +379,19 @@ def trace_engine_code(worker: StepWorker, unit: Unit, path: Path) -> Feedback:
     feedback = analyze(worker.run(unit, trace=path)["trace"])
     feedback.locality["code"] = worker.code
     return locate_self_time(feedback, worker.code)
+
+
+def span_table(details: dict, top: int = 8) -> str:
+    """The top spans by own time and the spans with time in no child span, as one text for a model:
+    "top spans by own time: 'mlp' 46% (12.3 ms in 320 calls), ...; in no child span: 'step' 13% (20% of its
+    time; children 'mlp', 'attention') at engine.py:120-160"."""
+    rows = [f"{r['key']!r} {r['share']:.0%} ({r['exclusive_ns'] / 1e6:.3g} ms in {r['count']} calls)"
+            for r in details.get("top_spans", [])[:top] if r["share"] > 0]
+    own = [f"{s['span']!r} {s['share']:.0%} ({s['self_ns'] / max(s['inclusive_ns'], 1):.0%} of its time; children "
+           f"{', '.join(repr(c) for c in s['children'][:3])})" + (f" at {', '.join(s['code'][:2])}" if s.get("code") else "")
+           for s in details.get("self_time", [])]
+    return ("top spans by own time: " + ", ".join(rows or ["none"])
+            + "; in no child span: " + (", ".join(own) if own else "no span with children holds 8% of busy time"))
 
 
 def locate_self_time(feedback: Feedback, code: str | None) -> Feedback:
