@@ -47,6 +47,12 @@ def test_a_call_the_machine_made_contended_names_why_though_the_busy_spell_ended
         def now(self) -> Contention:
             return next(self.readings, Contention(0.02, 0.0, 0.1, 2.0))
 
+        def count_threads(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
     monkeypatch.setattr(bench, "ContentionWatch", SpellThenQuiet)
     fb = run_bench(bench_cases.twice, bench_cases.work, config=BenchConfig(budget_s=2.0))
     contention = fb.details["contention"]

@@ -2,6 +2,10 @@
 each with its remedy and a next probe."""
 from __future__ import annotations
 
+import re
+
+import torch
+
 import bench_cases
 from infragent.probes.bench import run_bench
 from infragent.probes.contention import Contention
@@ -38,5 +42,24 @@ def test_an_oversubscribed_numpy_workload_is_self_contended_with_the_fix_and_a_n
     assert contention["source"] == "self", contention
     assert "self-contended:" in fb.finding and f" on {contention['cores']} cores (" in fb.finding, fb.finding
     if any(p.kind == "blas" for p in thread_pools()):
-        assert "threads of BLAS" in fb.finding and "threadpool_limits" in fb.next_probes[0], fb.next_probes
+        assert "threadpool_limits" in fb.next_probes[0], fb.next_probes
+        counted = re.search(r"self-contended: (\d+) threads of BLAS on (\d+) cores", fb.finding)
+        assert counted and int(counted.group(1)) > int(counted.group(2)), fb.finding  # counted while they ran
+        assert "torch" not in fb.finding and "set_num_threads" not in fb.next_probes[0]  # numpy code: no torch
     assert fb.next_probes[0].startswith("bench again after capping the workload's own thread pools")
+
+
+def test_the_libraries_a_workload_reaches_are_read_from_its_code() -> None:
+    from infragent.probes.workload_libraries import libraries
+
+    assert "numpy" in libraries(bench_cases.oversubscribed) and "torch" not in libraries(bench_cases.oversubscribed)
+    layer = torch.nn.Linear(4, 4)
+
+    class Engine:
+        def step(self) -> torch.Tensor:
+            return layer(torch.ones(4))
+
+    engine = Engine()
+    assert "torch" in libraries(lambda: engine.step())  # through an object's method
+    assert "torch" in libraries(lambda: layer(torch.ones(4)))
+    assert libraries(lambda: engine.step(), limit=2) is None  # a walk cut short: unknown, nothing left out

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import roofline_cases as rc
+from infragent.probes.compact import compact
 from infragent.probes.inputs import Case, draw
 from infragent.probes.redundancy import describe, extra_work
 from infragent.probes.time_gap import TimeGap
@@ -78,6 +79,8 @@ def test_the_roofline_names_the_padded_dimension_and_the_gap() -> None:
     if gap["wide"]:  # a timing: the explanation is given whenever the time ratio is far beyond the FLOP ratio
         assert "its FLOPs: the other" in fb.finding and "4 host syncs per call" in fb.finding
         assert any("host syncs" in p for p in fb.next_probes)
+        reply = compact(fb)  # what an MCP client reads: the gap survives the clip, the dimension is in locality
+        assert "4 host syncs per call" in reply["finding"] and reply["locality"]["padded_dimension"] == "96 → 128"
 
 
 def test_a_gap_is_explained_by_syncs_ops_and_the_loop() -> None:

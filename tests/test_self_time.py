@@ -76,3 +76,29 @@ def test_the_span_table_lists_top_spans_and_own_time_with_code(tmp_path: Path) -
     assert table.endswith("in no child span: 'step' 10% (20% of its time; children 'mlp', 'attention') at "
                           "pkg/engine.py:5-8")
     assert span_table({}).endswith("no span with children holds 8% of busy time")
+
+
+def _gapped_trace(tmp_path: Path) -> Path:
+    """Twelve steps of 90 µs, each followed by 10 µs in no span at all (a sleep before `with span('step')`),
+    and one long gap elsewhere that holds less time than the twelve together."""
+    events = []
+    for i in range(12):
+        t = i * 100
+        events += [{"ph": "X", "name": "step", "ts": t, "dur": 90, "pid": 1, "tid": 1, "cat": "span"},
+                   {"ph": "X", "name": "mlp", "ts": t + 5, "dur": 80, "pid": 1, "tid": 1, "cat": "span"}]
+    events += [{"ph": "X", "name": "load", "ts": 1250, "dur": 50, "pid": 1, "tid": 1, "cat": "span"}]
+    path = tmp_path / "gapped.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_time_in_no_span_at_all_is_found_between_its_neighbours(tmp_path: Path) -> None:
+    fb = analyze(_gapped_trace(tmp_path))
+    track = fb.details["idle"][0]
+    top = track["between"][0]
+    assert (top["before"], top["after"], top["gaps"], top["median_ns"]) == ("step", "step", 11, 10_000), track
+    assert track["between"][1]["before"] == "step" and track["between"][1]["after"] == "load"
+    assert "between 'step' and the next 'step' (11 gaps, median 0.01 ms)" in fb.finding, fb.finding
+    gap = [h for h in from_analysis(fb, {}) if "in no span at all" in h.claim]
+    assert len(gap) == 1 and gap[0].spans == ["step"] and gap[0].probe == "roofline", gap
+    assert "between 'step' and the next 'step'" in gap[0].claim

@@ -238,3 +238,51 @@ def test_a_judgement_describes_its_estimate_ci_limit_and_verdict():
     assert describe(relative).endswith(f"; limit regression <= +5%: {relative['verdict']}")
     absolute = asdict(judge(Criterion(scenario="s", metric="ttft_median_ms", max=1), _runs(rng))[0])
     assert describe(absolute).endswith("(median across 3 repeats; 95.0% CI); limit <= 1: fail")
+
+
+def _twin_throughput_runs(rng: np.random.Generator, machine: np.ndarray, factor: float) -> list[Run]:
+    """Repeats whose duration carries the machine's state of that repeat (machine[i], shared by both sides of
+    a twin repeat, as interleaved runs share it) and 1% noise of their own; factor > 1 is slower."""
+    return [Run([RequestRecord(i, int(p), 16, success=True, ttft_s=0.05, latency_s=0.3, prompt_tokens=int(p),
+                               output_tokens=16) for i, p in enumerate(_prompts(repeat, 16, False))],
+                duration_s=float(5.0 * state * factor * rng.lognormal(0, 0.01)))
+            for repeat, state in enumerate(machine)]
+
+
+THROUGHPUT = Criterion(scenario="s", metric="output_tok_s", max_regression=0.02)
+
+
+def test_twin_repeats_of_a_throughput_are_compared_pair_by_pair():
+    rng = np.random.default_rng(5)
+    paired = {"pass": 0, "fail": 0, "inconclusive": 0}
+    unpaired = dict(paired)
+    for k in range(20):
+        machine = rng.lognormal(0, 0.08, size=6)  # repeats 8% apart: the machine, not the code
+        faster, base = _twin_throughput_runs(rng, machine, 0.92), _twin_throughput_runs(rng, machine, 1.0)
+        j = judge(THROUGHPUT, faster, base, seed=k)[0]
+        paired[j.verdict] += 1
+        unpaired[judge(THROUGHPUT.model_copy(update={"test": "bootstrap"}), faster, base, seed=k)[0].verdict] += 1
+    assert "paired ratio of 6 twin repeats (mean of logs, 20% trimmed, t interval" in j.message, j.message
+    assert j.regression == pytest.approx(1 / 0.92 - 1, abs=0.03) or j.regression < 0
+    assert paired["pass"] >= 19, paired  # an 8% gain shown within the 2% limit
+    assert unpaired["pass"] <= 10, unpaired  # what comparing repeats unpaired gave: mostly inconclusive
+
+
+def test_a_throughput_regression_over_twin_repeats_never_passes():
+    rng = np.random.default_rng(6)
+    for k in range(20):
+        machine = rng.lognormal(0, 0.08, size=4)
+        j = judge(THROUGHPUT, _twin_throughput_runs(rng, machine, 1.10), _twin_throughput_runs(rng, machine, 1.0),
+                  seed=k)[0]
+        assert j.verdict == "fail" and "twin repeats" in j.message, j.message
+
+
+def test_repeats_of_other_prompts_are_not_twins():
+    rng = np.random.default_rng(7)
+    machine = rng.lognormal(0, 0.08, size=4)
+    other = _twin_throughput_runs(rng, machine, 1.0)
+    for run in other:
+        for r in run.records:
+            r.prompt_len += 1  # other prompts: a stored baseline measured another time
+    j = judge(THROUGHPUT, _twin_throughput_runs(rng, machine, 0.92), other)[0]
+    assert "unpaired median of 4 vs 4 repeats" in j.message, j.message

@@ -38,9 +38,9 @@ class Hypothesis:
 
 
 def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis]:
-    """Hypotheses from an `analyze` Feedback: top spans, never-overlapping pairs, and a GPU trace's own (the GPU
-    waiting on the host → CUDA graphs, larger batches, fusion, fewer syncs; copies in the open), each with the
-    knobs whose names say they can move it."""
+    """Hypotheses from an `analyze` Feedback: top spans, time in no child span or in no span at all (recurring
+    gaps), never-overlapping pairs, and a GPU trace's own (the GPU waiting on the host → CUDA graphs, larger
+    batches, fusion, fewer syncs; copies in the open), each with the knobs whose names say they can move it."""
     found: list[Hypothesis] = []
     own_time = {s["span"]: s for s in analysis.details.get("self_time", [])}
     for row in analysis.details.get("top_spans", []):
@@ -65,6 +65,7 @@ def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis
             spans=[row["key"]], knobs=touching, probe="local_ab" if touching else "roofline",
             predicted=f"at most {row['share']:.0%} less busy time if {row['key']!r} vanished (Amdahl bound)",
             evidence=[f"breakdown: {row['key']} exclusive {row['exclusive_ns'] / 1e6:.1f} ms"]))
+    found += from_recurring_gaps(analysis.details.get("idle", []))
     for pair in analysis.details.get("never_overlapping", []):
         found.append(Hypothesis(
             claim=f"{pair['a']} never runs while {pair['b']} does: one thread starves (GIL or a lock)",
@@ -79,6 +80,28 @@ def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis
                                 predicted=gpu["predicted"], evidence=list(gpu["evidence"]),
                                 locality={"remedy": gpu["remedy"], "bound": gpu["kind"]}))
     return found
+
+
+def from_recurring_gaps(tracks: list[dict]) -> list[Hypothesis]:
+    """A thread idle a large share of its window in gaps that recur between the same two spans (every engine
+    step, say): code in no span at all, or a wait there. One hypothesis, for the most idle thread."""
+    for track in tracks:
+        if track["kind"] != "thread" or track["idle_ns"] < TOP_SHARE * max(track["active_ns"], 1):
+            continue
+        top = (track.get("between") or [None])[0]
+        if top is None or top["gaps"] < 3 or top["idle_ns"] < 0.5 * track["idle_ns"]:
+            continue
+        share = top["idle_ns"] / max(track["active_ns"], 1)
+        after = f"the next {top['after']!r}" if top["after"] == top["before"] else repr(top["after"])
+        return [Hypothesis(
+            claim=f"{track['track']} spends {share:.0%} of its time between {top['before']!r} and {after}, in no "
+                  f"span at all ({top['gaps']} gaps, median {top['median_ns'] / 1e6:.3g} ms): code between those "
+                  "spans that no span names, or a wait there (a sleep, a sync, a lock?)",
+            spans=list(dict.fromkeys([top["before"], top["after"]])), knobs=[], probe="roofline",
+            predicted=f"at most {share:.0%} less wall time on that thread if the gaps vanished (Amdahl bound)",
+            evidence=[f"idle: {track['track']} {top['idle_ns'] / 1e6:.1f} ms in {top['gaps']} gaps between "
+                      f"{top['before']!r} and {top['after']!r} of {track['active_ns'] / 1e6:.1f} ms active"])]
+    return []
 
 
 def from_scheduling(found: dict | None, knobs: dict[str, Knob]) -> list[Hypothesis]:

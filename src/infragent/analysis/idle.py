@@ -5,6 +5,10 @@ A gap is time between a track's merged top-level events, inside the track's own 
 - "lock/queue": it ends right after an event on another thread ended (a hand-off: a queue put, a lock
   release, a future set), and that event is named;
 - "idle": neither (the host had nothing to do, or waited on something the trace does not show).
+
+Each gap also has its neighbours: the top-level event that ended where it starts and the one that starts
+where it ends. Gaps that recur between the same two spans (every engine step, say) are code between them that
+no span names, or a wait there: `between` ranks those pairs by the time in them.
 """
 from __future__ import annotations
 
@@ -36,6 +40,17 @@ class Gap:
 
 
 @dataclass
+class Between:
+    """Gaps that sit between the same two top-level spans on a track."""
+
+    before: str  # the span that ended where the gaps start
+    after: str  # the span that starts where they end
+    gaps: int
+    idle_ns: int
+    median_ns: int
+
+
+@dataclass
 class TrackIdle:
     """Idle summary of one track."""
 
@@ -45,6 +60,7 @@ class TrackIdle:
     idle_ns: int
     by_kind: dict[str, int] = field(default_factory=dict)
     largest: list[Gap] = field(default_factory=list)
+    between: list[Between] = field(default_factory=list)
 
     @property
     def idle_share(self) -> float:
@@ -75,8 +91,25 @@ def idle(c: TraceColumns, min_gap_ns: int = 1_000, keep: int = 5) -> list[TrackI
         by_kind = {k: int((ge - gs)[kinds == k].sum()) for k in ("gil", "lock/queue", "idle") if (kinds == k).any()}
         order = np.argsort(-(ge - gs))[:keep]
         largest = [Gap(label, int(gs[i]), int(ge[i]), str(kinds[i]), str(causes[i])) for i in order]
-        result.append(TrackIdle(label, track.kind, hi - lo, int((ge - gs).sum()), by_kind, largest))
+        result.append(TrackIdle(label, track.kind, hi - lo, int((ge - gs).sum()), by_kind, largest,
+                                _between(c, mine, gs, ge)))
     return sorted(result, key=lambda r: -r.idle_share)
+
+
+def _between(c: TraceColumns, mine: np.ndarray, gs: np.ndarray, ge: np.ndarray, keep: int = 3) -> list[Between]:
+    """The (span before, span after) pairs of a track's gaps, most idle time first."""
+    if not gs.size:
+        return []
+    rows = np.flatnonzero(mine)
+    by_end = rows[np.argsort(c.end[rows], kind="stable")]
+    by_start = rows[np.argsort(c.start[rows], kind="stable")]
+    before = by_end[np.clip(np.searchsorted(c.end[by_end], gs, side="right") - 1, 0, rows.size - 1)]
+    after = by_start[np.clip(np.searchsorted(c.start[by_start], ge, side="left"), 0, rows.size - 1)]
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for b, a, dur in zip(c.name[before], c.name[after], ge - gs):
+        pairs.setdefault((int(b), int(a)), []).append(int(dur))
+    found = [Between(c.names[b], c.names[a], len(d), sum(d), int(np.median(d))) for (b, a), d in pairs.items()]
+    return sorted(found, key=lambda x: -x.idle_ns)[:keep]
 
 
 def _classify_gil(c: TraceColumns, gil: np.ndarray, gs: np.ndarray, ge: np.ndarray, kinds: np.ndarray) -> None:

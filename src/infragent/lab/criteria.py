@@ -11,9 +11,12 @@ Absolute criteria (max/min) use the metric of each repeat; the estimate is their
 CI across repeats. Relative criteria (max_regression) estimate the regression (worse > 0) against the
 baseline. The default test pairs each request with its twin in the baseline (loadgen's seeds give both the
 same prompts): the estimate is the median per-request ratio, with a bootstrap CI over the pairs.
-"mann-whitney", tail metrics (p90, p99) and unmatched runs compare the two samples' statistics unpaired,
-"bootstrap" and run-level metrics compare repeats. The p-value of a one-sided rank test (Wilcoxon on the
-pairs, Mann–Whitney unpaired) is kept as information; it does not decide.
+"mann-whitney", tail metrics (p90, p99) and unmatched runs compare the two samples' statistics unpaired.
+Run-level metrics (throughputs) compare repeats: paired when the repeats are twins (the same prompts, run
+interleaved, as the loop's end-to-end gate runs them), as the ratio per twin repeat with a 20% trimmed mean
+and Yuen's t interval (analysis/blocks), since both sides of a twin share the machine's state of the moment;
+unpaired otherwise, and under "bootstrap". The p-value of a one-sided rank test (Wilcoxon on the pairs,
+Mann–Whitney unpaired) is kept as information; it does not decide.
 """
 from __future__ import annotations
 
@@ -23,11 +26,13 @@ from typing import Any
 import numpy as np
 from scipy.stats import mannwhitneyu, wilcoxon
 
+from infragent.analysis.blocks import block_estimate
 from infragent.analysis.serving_metrics import RequestRecord, bucket_of, serving_metrics
 from infragent.analysis.stats import bootstrap_median
 from infragent.lab.spec import Criterion
 
 RESAMPLES = 2000
+REPEAT_TRIM = 0.2  # twin repeats: the share cut from each end before the mean of their log ratios
 WHY = {"pass": "the whole CI is within the limit", "fail": "the whole CI is past the limit",
        "inconclusive": "the CI reaches past the limit; more samples would decide"}
 
@@ -248,6 +253,8 @@ def _relative(c: Criterion, candidate: list[Run], baseline: list[Run], bucket: s
     rng = np.random.default_rng(seed)
     if len(pairs) >= 10 and q == 50.0:
         est = _paired_estimate(np.asarray(pairs), c.higher_is_better, c.alpha, rng)
+    elif by_repeat and c.test == "paired" and _twins(candidate, baseline) and _positive(cand_values + base_values):
+        est = _twin_repeats_estimate(np.asarray(cand_values), np.asarray(base_values), c.higher_is_better, c.alpha)
     else:  # tails (p90/p99), repeats and unmatched runs: compare the two samples as they are
         est = _unpaired_estimate(np.asarray(cand_values), np.asarray(base_values), q, c.higher_is_better, c.alpha,
                                  rng, "repeats" if by_repeat else "requests")
@@ -281,6 +288,30 @@ def _paired_estimate(pairs: np.ndarray, higher_is_better: bool, alpha: float, rn
     p = float(wilcoxon(worse_log, alternative="greater").pvalue) if np.any(worse_log != 0) else 1.0
     return _Estimate(float(np.expm1(np.median(worse_log))), lo, hi, p,
                      f"paired median ratio over {worse_log.size} pairs", "median")
+
+
+def _twins(candidate: list[Run], baseline: list[Run]) -> bool:
+    """Whether the runs are twin repeats: as many on each side, each pair with the same requests (index and
+    prompt length), so the i-th repeats ran the same prompts (interleaved, when the loop measured them)."""
+    def requests(run: Run) -> list[tuple[int, int]]:
+        return sorted((r.index, r.prompt_len) for r in run.records if not r.warmup)
+
+    return (len(candidate) == len(baseline) >= 2
+            and all(requests(c) == requests(b) and requests(c) for c, b in zip(candidate, baseline)))
+
+
+def _positive(values: list[float]) -> bool:
+    return bool(np.all(np.isfinite(values)) and np.all(np.asarray(values) > 0))
+
+
+def _twin_repeats_estimate(cand: np.ndarray, base: np.ndarray, higher_is_better: bool, alpha: float) -> _Estimate:
+    """The regression (worse > 0) as the trimmed mean of per-twin-repeat log ratios, with Yuen's t interval."""
+    worse_log = np.log(base / cand) if higher_is_better else np.log(cand / base)
+    est = block_estimate(worse_log.tolist(), 1 - alpha, trim=REPEAT_TRIM)
+    p = float(wilcoxon(worse_log, alternative="greater").pvalue) if np.any(worse_log != 0) else 1.0
+    trimmed = f", {REPEAT_TRIM:.0%} trimmed" if est.df and est.df < est.blocks - 1 else ""
+    return _Estimate(est.ratio - 1, est.lo - 1, est.hi - 1, p,
+                     f"paired ratio of {est.blocks} twin repeats (mean of logs{trimmed}, t interval)", "median")
 
 
 def _unpaired_estimate(cand: np.ndarray, base: np.ndarray, q: float, higher_is_better: bool, alpha: float,

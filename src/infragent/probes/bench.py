@@ -28,7 +28,7 @@ import gc
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -40,6 +40,8 @@ from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.inputs import Case, call, draw, tensors_of
 from infragent.probes.contention import Contention, ContentionWatch, merged
+from infragent.probes.pools import thread_pools
+from infragent.probes.workload_libraries import libraries
 
 DECIDE_CONFIDENCE = 0.99
 METRICS = ("time", "return")
@@ -212,7 +214,7 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
             if not result.contended and began - checked >= CONTENTION_EVERY_S and began - measuring >= 0.2:
                 checked, result.contention = began, watch.now()
                 if result.contention.contended:
-                    _measure_contended(result, a, timer)
+                    _measure_contended(result, a, timer, watch)
                     continue  # pair_s is the last short pair's: the next one (long samples) measures itself
             aa_turn = result.contended and not aa_turn
             if aa_turn:  # every other round an A/A pair: the floor under this load
@@ -238,7 +240,7 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
                 if not result.contended:  # no verdict on samples taken while the machine was busy
                     checked, result.contention = time.perf_counter(), watch.now()
                     if result.contention.contended:
-                        _measure_contended(result, a, timer)
+                        _measure_contended(result, a, timer, watch)
                         continue
                 _decide(result, config, final=False)
                 if result.outcome != "undecided":
@@ -246,6 +248,7 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
         else:
             _decide_at_budget(result, config)
     finally:
+        watch.close()  # the census's samples stay readable
         if gc_was_enabled:
             gc.enable()
     result.measuring_s = time.perf_counter() - measuring
@@ -261,9 +264,10 @@ def time_pair(a: Callable[[], Any], b: Callable[[], Any], timer: Timer, config: 
     return result
 
 
-def _measure_contended(result: BenchResult, a: Callable[[], Any], timer: Timer) -> None:
+def _measure_contended(result: BenchResult, a: Callable[[], Any], timer: Timer, watch: ContentionWatch) -> None:
     """Switch to the contended way of measuring: the short-sample pairs so far set aside, samples of at least
-    CONTENDED_SAMPLE_S from now on."""
+    CONTENDED_SAMPLE_S from now on, and the threads that want a CPU at once counted while the workload runs."""
+    watch.count_threads()
     result.contended, result.set_aside = True, len(result.a_ns)
     for samples in (result.a_ns, result.b_ns, result.a_work, result.b_work, result.b_first):
         samples.clear()
@@ -343,6 +347,9 @@ def run_bench(fn: Callable[..., Any], other: Callable[..., Any] | None = None,
         result = time_pair(lambda: call(baseline, case), lambda: call(fn, case), timer_for(case, config.metric), config)
     finally:
         torch.set_num_threads(previous_threads)
+    if result.contention is not None and result.contention.source == "self":  # name the pools its code runs
+        reached = libraries(fn, baseline, case.args, case.kwargs)
+        result.contention = replace(result.contention, pools=thread_pools(torch_used=reached is None or "torch" in reached))
     return _feedback(result, baseline_name, candidate_name, other is None, case, config)
 
 

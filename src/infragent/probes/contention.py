@@ -21,6 +21,7 @@ from pathlib import Path
 
 from infragent.probes.machine import CONTENDED_CORES, CpuWatch
 from infragent.probes.pools import ThreadPool, cap_advice, describe_pools, pool_kinds, thread_pools
+from infragent.probes.thread_census import ThreadCensus
 
 WAIT_SHARE = 0.10  # threads runnable but not running this share of the time: contended
 STEAL_SHARE = 0.05  # the hypervisor took this share of all CPUs
@@ -35,7 +36,7 @@ class Contention:
     steal_share: float | None
     others_cores: float | None
     window_s: float
-    threads_running: int | None = None  # this process's live threads that ran at least RUNNING_SHARE of the window
+    threads_running: int | None = None  # our live threads that ran RUNNING_SHARE of the window, or the census's peak
     cores: int = 1
     pools: tuple[ThreadPool, ...] = ()
     cores_used: float | None = None  # this process's CPU time over the window, exited threads included
@@ -135,11 +136,23 @@ def _steal_s() -> float | None:
 
 
 class ContentionWatch:
-    """Started at construction; now() gives the signals since then."""
+    """Started at construction; now() gives the signals since then. count_threads() adds a census of the threads
+    that want a CPU at once (started only once a reading is contended: it samples in a thread of its own)."""
 
     def __init__(self) -> None:
         self.wall0, self.sched0, self.steal0, self.cpu = time.perf_counter(), _threads_schedstat(), _steal_s(), CpuWatch()
         self.process0 = time.process_time()
+        self.census: ThreadCensus | None = None
+
+    def count_threads(self) -> None:
+        """Start the census of runnable threads (once); later readings count at least its peak."""
+        if self.census is None:
+            self.census = ThreadCensus().start()
+
+    def close(self) -> None:
+        """Stop the census, if one runs."""
+        if self.census is not None:
+            self.census.stop()
 
     def now(self) -> Contention:
         """The signals over the window so far."""
@@ -151,6 +164,9 @@ class ContentionWatch:
             wait_share = waiting / (on_cpu + waiting) if on_cpu + waiting > 0 else 0.0
             running = sum(1 for tid, ns in sched[2].items()
                           if ns - self.sched0[2].get(tid, 0) >= RUNNING_SHARE * window * 1e9)
+        peak = self.census.peak() if self.census is not None else None
+        if peak is not None:  # threads that ran and ended inside the window, counted while they ran
+            running = max(running or 0, peak)
         cores = len(os.sched_getaffinity(0))
         used = (time.process_time() - self.process0) / window if window > 0 else None
         if window < TICK_WINDOW_S:  # /proc/stat counts in ticks of 10 ms: too coarse for a shorter window

@@ -3,6 +3,7 @@ what self-contention advice names. threadpoolctl finds the native libraries' poo
 when torch is loaded."""
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -20,20 +21,25 @@ class ThreadPool:
         return asdict(self)
 
 
-def thread_pools() -> tuple[ThreadPool, ...]:
-    """The pools of this process with more than one thread, BLAS first, each (kind, library, size) once."""
+def thread_pools(torch_used: bool = True) -> tuple[ThreadPool, ...]:
+    """The pools of this process with more than one thread, BLAS first, each (kind, library, size) once.
+    torch_used=False leaves out torch's pool and the libraries torch ships (its OpenMP): a workload whose code
+    never reaches torch does not run them, even where torch is loaded."""
     found: list[ThreadPool] = []
+    torch = sys.modules.get("torch")
+    torch_dir = os.path.dirname(getattr(torch, "__file__", "") or "") if torch is not None else ""
     try:
         from threadpoolctl import threadpool_info
 
         for info in threadpool_info():
+            if not torch_used and torch_dir and str(info.get("filepath", "")).startswith(torch_dir + os.sep):
+                continue
             if int(info.get("num_threads", 1)) > 1:
                 library = info.get("prefix") if info.get("internal_api") == "openmp" else info.get("internal_api")
                 found.append(ThreadPool(str(info.get("user_api", "?")), str(library or "?"), int(info["num_threads"])))
     except Exception:  # noqa: BLE001 (no threadpoolctl, or a library it cannot read: no pools named)
         pass
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.get_num_threads() > 1:
+    if torch_used and torch is not None and torch.get_num_threads() > 1:
         found.append(ThreadPool("torch", "intra-op", torch.get_num_threads()))
     order = list(NAMES)
     return tuple(sorted(dict.fromkeys(found), key=lambda p: order.index(p.kind) if p.kind in order else len(order)))

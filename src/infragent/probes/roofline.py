@@ -282,11 +282,11 @@ def _finding(r: RooflineResult, noisy: bool, rel: float) -> str:
     if red is not None:
         text += (f"; {red:.1%} of FLOPs redundant ({_g(r.useful_flops)} useful of {_g(r.work.flops)})" if red > 0
                  else f"; no redundant FLOPs (useful {_g(r.useful_flops)} >= actual {_g(r.work.flops)})")
-        if red > 0 and r.reference_ops is not None and r.reference_ops.by_op and r.work.by_op:
-            where = describe(extra_work(r.work, r.reference_ops), r.work.flops)
-            text += f" -- {where}" if where else ""
-    if (gap := r.gap) is not None and gap.wide:
+    if (gap := r.gap) is not None and gap.wide:  # before the redundancy's detail: a compact reply clips the end
         text += f"; {describe_gap(gap)}"
+    if red is not None and red > 0 and r.reference_ops is not None and r.reference_ops.by_op and r.work.by_op:
+        where = describe(extra_work(r.work, r.reference_ops), r.work.flops)
+        text += f"; where the redundant FLOPs are: {where}" if where else ""
     if r.others_cores is not None and r.others_cores > CONTENDED_CORES:
         text += f" [contended: other processes used {r.others_cores:.1f} of {os.cpu_count()} cores while timing]"
     if noisy:
