@@ -9,6 +9,7 @@ from infragent.agent.hypotheses import from_analysis
 from infragent.analysis.self_time import code_range, self_time
 from infragent.analysis.trace_load import load_columns
 from infragent.probes.analyze import analyze
+from infragent.probes.step_bench import NO_SPAN, own_time, shift_feedback
 
 
 def _trace(tmp_path: Path) -> Path:
@@ -100,5 +101,17 @@ def test_time_in_no_span_at_all_is_found_between_its_neighbours(tmp_path: Path) 
     assert track["between"][1]["before"] == "step" and track["between"][1]["after"] == "load"
     assert "between 'step' and the next 'step' (11 gaps, median 0.01 ms)" in fb.finding, fb.finding
     gap = [h for h in from_analysis(fb, {}) if "in no span at all" in h.claim]
-    assert len(gap) == 1 and gap[0].spans == ["step"] and gap[0].probe == "roofline", gap
+    assert len(gap) == 1 and gap[0].spans == ["step", NO_SPAN] and gap[0].probe == "roofline", gap
     assert "between 'step' and the next 'step'" in gap[0].claim
+
+
+def test_a_change_in_no_span_is_located_there_and_noise_names_no_span(tmp_path: Path) -> None:
+    before = own_time(load_columns(_gapped_trace(tmp_path)))
+    assert before[NO_SPAN] == 11 * 10_000 + 60_000 and before["mlp"] == 12 * 80_000
+    after = {**before, NO_SPAN: 60_000, "mlp": before["mlp"] - 30_000}  # the gaps gone; mlp a little noisy
+    fb = shift_feedback(before, after)
+    assert fb.locality["span"] == NO_SPAN and "the change is in no span" in fb.finding, fb.finding
+    noisy = shift_feedback(before, {**before, "mlp": before["mlp"] - 30_000, "step": before["step"] + 25_000})
+    assert noisy.locality["span"] == "" and "no one span holds the change" in noisy.finding, noisy.finding
+    real = shift_feedback(before, {**before, "mlp": before["mlp"] - 400_000, "step": before["step"] + 20_000})
+    assert real.locality["span"] == "mlp"

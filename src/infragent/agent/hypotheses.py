@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from infragent.lab.spec import Knob, Spec
 from infragent.probes.feedback import Feedback
+from infragent.probes.step_bench import NO_SPAN
 
 TOP_SHARE = 0.08  # spans below this share of busy time are not worth a hypothesis
 
@@ -97,7 +98,7 @@ def from_recurring_gaps(tracks: list[dict]) -> list[Hypothesis]:
             claim=f"{track['track']} spends {share:.0%} of its time between {top['before']!r} and {after}, in no "
                   f"span at all ({top['gaps']} gaps, median {top['median_ns'] / 1e6:.3g} ms): code between those "
                   "spans that no span names, or a wait there (a sleep, a sync, a lock?)",
-            spans=list(dict.fromkeys([top["before"], top["after"]])), knobs=[], probe="roofline",
+            spans=list(dict.fromkeys([top["before"], top["after"], NO_SPAN])), knobs=[], probe="roofline",
             predicted=f"at most {share:.0%} less wall time on that thread if the gaps vanished (Amdahl bound)",
             evidence=[f"idle: {track['track']} {top['idle_ns'] / 1e6:.1f} ms in {top['gaps']} gaps between "
                       f"{top['before']!r} and {top['after']!r} of {track['active_ns'] / 1e6:.1f} ms active"])]

@@ -291,7 +291,7 @@ class ServingTarget:
                     where = ctx.record(f"{candidate.key}/record", span_shift(base, cand, step_unit(self.spec),
                                                                             artifact_dir()),
                                        candidate.experiment, started)
-                    candidate.spans = [where["feedback"]["locality"]["span"]]
+                    candidate.spans = [span for span in [where["feedback"]["locality"]["span"]] if span]
         except StepBenchError as err:
             ctx.record(f"{candidate.key}/check", Feedback("check", "fail", str(err)[:600]), candidate.experiment, started)
             return {"why": f"check: {str(err)[:300]}"}

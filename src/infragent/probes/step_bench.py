@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infragent.analysis.blocks import BlockEstimate, block_estimate, could_win_by
+from infragent.analysis.trace_columns import TraceColumns
 from infragent.probes.contention import WAIT_SHARE
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.step_child import start_child
@@ -408,9 +409,8 @@ def locate_self_time(feedback: Feedback, code: str | None) -> Feedback:
 
 
 def span_shift(baseline: StepWorker, candidate: StepWorker, unit: Unit, folder: Path) -> Feedback:
-    """Where a step-bench difference comes from: one traced unit on each engine, exclusive time per span,
-    candidate minus baseline; the span that moved most is the change's locality."""
-    from infragent.analysis.breakdown import breakdown
+    """Where a step-bench difference comes from: one traced unit on each engine, exclusive time per span (and
+    the threads' time in no span at all), candidate minus baseline; see shift_feedback."""
     from infragent.analysis.trace_load import columns_from_trace
     from infragent.trace_model import Trace
 
@@ -418,14 +418,40 @@ def span_shift(baseline: StepWorker, candidate: StepWorker, unit: Unit, folder: 
     own = {}
     for side, worker in (("baseline", baseline), ("candidate", candidate)):
         trace = Trace.load(worker.run(unit, trace=folder / f"trace-{side}-{stamp}.json")["trace"])
-        own[side] = {row.key: row.exclusive_ns for row in breakdown(columns_from_trace(trace))}
-    names = set(own["baseline"]) | set(own["candidate"])
-    shift = {n: own["candidate"].get(n, 0) - own["baseline"].get(n, 0) for n in names}
+        own[side] = own_time(columns_from_trace(trace))
+    return shift_feedback(own["baseline"], own["candidate"])
+
+
+NO_SPAN = "(no span)"  # time on a thread between its top-level spans
+CHANGE_SHARE = 0.6  # of all spans' moves (absolute): a span that moved this much, the way the total did, holds it
+
+
+def own_time(columns: TraceColumns) -> dict[str, int]:
+    """Exclusive ns per span name, and NO_SPAN: the threads' gaps between their top-level spans."""
+    from infragent.analysis.breakdown import breakdown
+    from infragent.analysis.idle import idle
+
+    own = {row.key: row.exclusive_ns for row in breakdown(columns)}
+    own[NO_SPAN] = sum(t.idle_ns for t in idle(columns) if t.kind == "thread")
+    return own
+
+
+def shift_feedback(baseline: dict[str, int], candidate: dict[str, int]) -> Feedback:
+    """Candidate minus baseline own time per span; the change's locality is the span that holds CHANGE_SHARE of
+    all the moves, in the whole change's direction (NO_SPAN when the change is in no span), else none:
+    one traced unit each leaves a few % of noise on every span, so the largest mover alone proves nothing."""
+    names = set(baseline) | set(candidate)
+    shift = {n: candidate.get(n, 0) - baseline.get(n, 0) for n in names}
     moved = sorted(shift, key=lambda n: -abs(shift[n]))[:5]
-    total = sum(own["baseline"].values()) or 1
-    top = moved[0] if moved else ""
-    finding = ("exclusive time per span, candidate - baseline (one traced unit each): "
+    total = sum(baseline.values()) or 1
+    change = sum(shift.values())
+    moves = sum(abs(v) for v in shift.values())
+    top = moved[0] if moved and change and shift[moved[0]] * change > 0 and \
+        abs(shift[moved[0]]) >= CHANGE_SHARE * moves else ""
+    said = ("in no span: time between the threads' top-level spans" if top == NO_SPAN else repr(top))
+    finding = ("own time per span, candidate - baseline (one traced unit each): "
                + ", ".join(f"{n} {shift[n] / 1e6:+.1f} ms ({shift[n] / total:+.0%})" for n in moved)
-               + (f"; the change is in {top!r}" if top else ""))
+               + f"; in all {change / 1e6:+.1f} ms ({change / total:+.0%})"
+               + (f"; the change is {said}" if top else "; no one span holds the change"))
     return Feedback("record", "pass", finding, {f"{n}.shift_ms": Measure(shift[n] / 1e6, "ms") for n in moved},
-                    locality={"span": top}, details={"exclusive_ns": own})
+                    locality={"span": top}, details={"exclusive_ns": {"baseline": baseline, "candidate": candidate}})
