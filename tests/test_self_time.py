@@ -9,7 +9,8 @@ from infragent.agent.hypotheses import from_analysis
 from infragent.analysis.self_time import code_range, self_time
 from infragent.analysis.trace_load import load_columns
 from infragent.probes.analyze import analyze
-from infragent.probes.step_bench import NO_SPAN, own_time, shift_feedback
+from infragent.analysis.idle import NO_SPAN, own_time
+from infragent.probes.step_bench import shift_feedback
 
 
 def _trace(tmp_path: Path) -> Path:

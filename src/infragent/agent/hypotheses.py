@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from infragent.analysis.idle import NO_SPAN, RECURRING_SHARE, pair_words
 from infragent.lab.spec import Knob, Spec
 from infragent.probes.feedback import Feedback
-from infragent.probes.step_bench import NO_SPAN
 
 TOP_SHARE = 0.08  # spans below this share of busy time are not worth a hypothesis
 
@@ -90,12 +90,11 @@ def from_recurring_gaps(tracks: list[dict]) -> list[Hypothesis]:
         if track["kind"] != "thread" or track["idle_ns"] < TOP_SHARE * max(track["active_ns"], 1):
             continue
         top = (track.get("between") or [None])[0]
-        if top is None or top["gaps"] < 3 or top["idle_ns"] < 0.5 * track["idle_ns"]:
+        if top is None or top["gaps"] < 3 or top["idle_ns"] < RECURRING_SHARE * track["idle_ns"]:
             continue
         share = top["idle_ns"] / max(track["active_ns"], 1)
-        after = f"the next {top['after']!r}" if top["after"] == top["before"] else repr(top["after"])
         return [Hypothesis(
-            claim=f"{track['track']} spends {share:.0%} of its time between {top['before']!r} and {after}, in no "
+            claim=f"{track['track']} spends {share:.0%} of its time {pair_words(top['before'], top['after'])}, in no "
                   f"span at all ({top['gaps']} gaps, median {top['median_ns'] / 1e6:.3g} ms): code between those "
                   "spans that no span names, or a wait there (a sleep, a sync, a lock?)",
             spans=list(dict.fromkeys([top["before"], top["after"], NO_SPAN])), knobs=[], probe="roofline",

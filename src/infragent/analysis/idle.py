@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from infragent.analysis.breakdown import breakdown
 from infragent.analysis.intervals import gaps, intersect, merge
 from infragent.analysis.trace_columns import TraceColumns
 
 HANDOFF_NS = 500_000  # a wake-up within 500 µs of another thread's event ending counts as that hand-off (a woken
 # thread still has to get the GIL and a core back, which takes hundreds of µs on a busy machine)
 GIL_COVER = 0.5
+NO_SPAN = "(no span)"  # time on a thread between its top-level spans
+RECURRING_SHARE = 0.5  # of a track's idle time: one pair of neighbouring spans holding this much recurs
 
 
 @dataclass
@@ -94,6 +97,25 @@ def idle(c: TraceColumns, min_gap_ns: int = 1_000, keep: int = 5) -> list[TrackI
         result.append(TrackIdle(label, track.kind, hi - lo, int((ge - gs).sum()), by_kind, largest,
                                 _between(c, mine, gs, ge)))
     return sorted(result, key=lambda r: -r.idle_share)
+
+
+def recurring(track: TrackIdle) -> Between | None:
+    """The pair of neighbouring spans whose gaps hold RECURRING_SHARE of the track's idle time, in at least
+    three gaps; None when no pair does."""
+    top = track.between[0] if track.between else None
+    return top if top is not None and top.gaps >= 3 and top.idle_ns >= RECURRING_SHARE * track.idle_ns > 0 else None
+
+
+def pair_words(before: str, after: str) -> str:
+    """"between 'step' and the next 'step'" or "between 'a' and 'b'"."""
+    return f"between {before!r} and " + (f"the next {after!r}" if after == before else repr(after))
+
+
+def own_time(c: TraceColumns) -> dict[str, int]:
+    """Exclusive ns per span name, and NO_SPAN: the threads' gaps between their top-level spans."""
+    own = {row.key: row.exclusive_ns for row in breakdown(c)}
+    own[NO_SPAN] = sum(t.idle_ns for t in idle(c) if t.kind == "thread")
+    return own
 
 
 def _between(c: TraceColumns, mine: np.ndarray, gs: np.ndarray, ge: np.ndarray, keep: int = 3) -> list[Between]:

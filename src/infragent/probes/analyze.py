@@ -16,7 +16,7 @@ import numpy as np
 from infragent.analysis.breakdown import breakdown
 from infragent.analysis.critical_path import critical_path
 from infragent.analysis.diff import diff
-from infragent.analysis.idle import TrackIdle, idle
+from infragent.analysis.idle import TrackIdle, idle, pair_words, recurring
 from infragent.analysis.moe import describe, moe_balance
 from infragent.analysis.kineto import NOT_WORK, category_mask
 from infragent.analysis.overlap import matrix, never_overlapping, overlap
@@ -139,13 +139,10 @@ def _host_rows(c: TraceColumns) -> np.ndarray:
 def _recurring(track: TrackIdle) -> str:
     """'; 78% of it between 'step' and the next 'step' (320 gaps, median 4.5 ms): code no span names, or a wait'
     when one pair of neighbouring spans holds most of a track's idle time in recurring gaps, else ''."""
-    if not track.between or not track.idle_ns:
+    top = recurring(track)
+    if top is None:
         return ""
-    top = track.between[0]
-    if top.gaps < 3 or top.idle_ns < 0.5 * track.idle_ns:
-        return ""
-    after = f"the next {top.after!r}" if top.after == top.before else repr(top.after)
-    return (f"; {top.idle_ns / track.idle_ns:.0%} of it between {top.before!r} and {after} ({top.gaps} gaps, "
+    return (f"; {top.idle_ns / track.idle_ns:.0%} of it {pair_words(top.before, top.after)} ({top.gaps} gaps, "
             f"median {top.median_ns / 1e6:.3g} ms): code that no span names, or a wait, between those two")
 
 

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infragent.analysis.blocks import BlockEstimate, block_estimate, could_win_by
-from infragent.analysis.trace_columns import TraceColumns
 from infragent.probes.contention import WAIT_SHARE
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.step_child import start_child
@@ -411,6 +410,7 @@ def locate_self_time(feedback: Feedback, code: str | None) -> Feedback:
 def span_shift(baseline: StepWorker, candidate: StepWorker, unit: Unit, folder: Path) -> Feedback:
     """Where a step-bench difference comes from: one traced unit on each engine, exclusive time per span (and
     the threads' time in no span at all), candidate minus baseline; see shift_feedback."""
+    from infragent.analysis.idle import own_time
     from infragent.analysis.trace_load import columns_from_trace
     from infragent.trace_model import Trace
 
@@ -422,24 +422,15 @@ def span_shift(baseline: StepWorker, candidate: StepWorker, unit: Unit, folder: 
     return shift_feedback(own["baseline"], own["candidate"])
 
 
-NO_SPAN = "(no span)"  # time on a thread between its top-level spans
 CHANGE_SHARE = 0.6  # of all spans' moves (absolute): a span that moved this much, the way the total did, holds it
-
-
-def own_time(columns: TraceColumns) -> dict[str, int]:
-    """Exclusive ns per span name, and NO_SPAN: the threads' gaps between their top-level spans."""
-    from infragent.analysis.breakdown import breakdown
-    from infragent.analysis.idle import idle
-
-    own = {row.key: row.exclusive_ns for row in breakdown(columns)}
-    own[NO_SPAN] = sum(t.idle_ns for t in idle(columns) if t.kind == "thread")
-    return own
 
 
 def shift_feedback(baseline: dict[str, int], candidate: dict[str, int]) -> Feedback:
     """Candidate minus baseline own time per span; the change's locality is the span that holds CHANGE_SHARE of
     all the moves, in the whole change's direction (NO_SPAN when the change is in no span), else none:
     one traced unit each leaves a few % of noise on every span, so the largest mover alone proves nothing."""
+    from infragent.analysis.idle import NO_SPAN
+
     names = set(baseline) | set(candidate)
     shift = {n: candidate.get(n, 0) - baseline.get(n, 0) for n in names}
     moved = sorted(shift, key=lambda n: -abs(shift[n]))[:5]
