@@ -436,15 +436,16 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
     if result.budget_hit:
         verdict, finding = "inconclusive", f"inconclusive: budget: {finding}; {_budget_note(result, config)}"
         next_probes.append(f"bench again with budget_s={_budget_needed(result, config):.0f} (--budget-s)")
+    if result.contended:
+        verdict, finding = _contended(result, verdict, finding, numbers)
+        next_probes.insert(0, _contended_next(result.contention))
     if config.metric == "time" and (works := fixed_duration(result, aa)) is not None:
         verdict = "inconclusive"
         finding += (f"; WARNING: the wall time barely changes while the returned value does (x{works:.3g}): a "
                     "fixed-duration loop that returns its work? Time per call cannot see that: use "
                     "metric='return' (--metric return) to compare work per second")
+        # first even on a busy machine: a quiet rerun timed the same way would still measure the wrong thing
         next_probes.insert(0, "bench with metric='return' (--metric return)")
-    if result.contended:
-        verdict, finding = _contended(result, verdict, finding, numbers)
-        next_probes.insert(0, _contended_next(result.contention))
     if result.outcome == "undecided" and not result.budget_hit:
         next_probes.append("bench again with a larger budget_s")
     if result.outcome == "slower":
