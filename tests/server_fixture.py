@@ -71,14 +71,15 @@ def wait_healthy(url: str, timeout: float = 60.0, proc: subprocess.Popen | None 
 @contextlib.contextmanager
 def thread_server(api_key: str | None = None, max_waiting: int = 256, disagg: object = None,
                   config: EngineConfig | None = None, max_request_bytes: int = 4 * 1024 * 1024,
-                  **knobs: object) -> Iterator[str]:
+                  profile_dir: str | None = None, **knobs: object) -> Iterator[str]:
     """Start make_server in a thread (with disagg: a DisaggConfig, the router and its workers) on config (by
     default the tiny hybrid model with knobs); yield its base URL; stop it."""
     from infragent.engine.server.serve import make_server
 
     port = free_port()
     server = make_server(config or tiny_config(**knobs), port=port, api_key=api_key, max_waiting=max_waiting,
-                         shutdown_timeout_s=5, disagg=disagg, max_request_bytes=max_request_bytes)
+                         shutdown_timeout_s=5, disagg=disagg, max_request_bytes=max_request_bytes,
+                         profile_dir=profile_dir)
     with in_thread(server, port) as url:
         yield url
 

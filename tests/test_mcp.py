@@ -59,6 +59,8 @@ GOOD = [  # (tool, arguments): each answers with a compact reply
     ("gil", {"workload": "gil_cases.py:contended_bare"}),
     ("roofline", {"fn": "agent_cases.py:matmul", "inputs": "agent_cases.py:inputs"}),
     ("loadgen", {"base_url": "URL", "num_prompts": 4, "random_input_len": 16, "random_output_len": 4}),
+    ("diagnose", {"base_url": "URL", "seconds": 2, "concurrency": 2, "input_len": 16, "output_len": 4,
+                  "pyspy": False}),
     ("quality", {"quantization": "w8a8", "windows": 2, "window": 64, "prompts": 2}),
     ("validate_spec", {"spec": "spec.toml"}),
     ("runs", {}),
@@ -77,6 +79,7 @@ BAD = [  # (tool, arguments, words the answer must hold): the error names the ca
      ["in your code at agent_cases.py:", "in raising_inputs", "a shape does not fit"]),
     ("analyze", {"trace": "not_a_trace.json"}, ["Hint: give a trace"]),
     ("loadgen", {"base_url": "http://127.0.0.1:9", "num_prompts": 2}, ["Hint:"]),
+    ("diagnose", {"base_url": "http://127.0.0.1:9", "seconds": 1}, ["nothing answers", "start the server"]),
     ("quality", {"quantization": "w3a3"}, ["w3a3"]),
     ("validate_spec", {"spec": "broken.toml"}, ["ttft_mediam_ms", "Hint:"]),
     ("runs", {"ledger": "../elsewhere.sqlite"}, ["outside the workspace root"]),
@@ -124,7 +127,8 @@ def test_every_tool_answers_compactly_and_every_error_with_a_fix(tmp_path):
     with thread_server() as url:
         out = asyncio.run(_drive(root, url))
     tools = out["tools"]
-    expected = {"check", "bench", "record", "gil", "roofline", "analyze", "loadgen", "quality", "validate_spec",
+    expected = {"check", "bench", "record", "gil", "roofline", "analyze", "loadgen", "diagnose", "quality",
+                "validate_spec",
                 "runs", "show", "ledger_record", "artifact", "evaluate_criteria"}
     assert expected <= set(tools)
     for name in expected:  # schemas an agent can follow: every parameter described, with an example

@@ -214,3 +214,25 @@ def test_sigterm_finishes_in_flight_requests_and_exits_zero():
         assert data[-1]["choices"][0]["finish_reason"] == "length"
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health", timeout=2)
+
+
+def test_profile_endpoints_write_a_kineto_trace_of_the_steps(tmp_path):
+    import gzip
+
+    with thread_server(max_num_seqs=4) as url:
+        off = httpx.post(f"{url}/start_profile", timeout=30)
+        assert off.status_code == 400 and "--profile-dir" in off.json()["error"]["message"]
+    with thread_server(max_num_seqs=4, profile_dir=str(tmp_path)) as url:
+        assert httpx.post(f"{url}/stop_profile", timeout=30).status_code == 409  # not profiling yet
+        assert httpx.post(f"{url}/start_profile", timeout=30).json()["status"] == "profiling"
+        again = httpx.post(f"{url}/start_profile", timeout=30)
+        assert again.status_code == 409 and "already profiling" in again.json()["error"]["message"]
+        done = httpx.post(f"{url}/v1/completions", json={"prompt": "hello there", "max_tokens": 6}, timeout=60)
+        assert done.status_code == 200
+        traces = httpx.post(f"{url}/stop_profile", timeout=120).json()["traces"]
+        assert len(traces) == 1 and traces[0].startswith(str(tmp_path)) and traces[0].endswith(".json.gz")
+        events = json.loads(gzip.open(traces[0]).read())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        assert any(n.startswith("ProfilerStep#") for n in names) and "aten::mm" in names
+        after = httpx.post(f"{url}/v1/completions", json={"prompt": "still serving", "max_tokens": 2}, timeout=60)
+        assert after.status_code == 200

@@ -163,3 +163,13 @@ def test_matches_transformers_gguf_tokenizer(tok):
     for gen in (True, False):
         assert tok.apply_chat_template(messages, gen) == hf.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=gen)
+
+
+def test_slow_mode_merges_in_python_to_the_same_ids(gguf, tok):
+    slow = Tokenizer.from_reader(gguf, mode="slow")
+    rng = __import__("random").Random(7)
+    drawn = [tok.decode([rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 120))],
+                        skip_special_tokens=False) for _ in range(60)]
+    for text in CORPUS + drawn:
+        assert slow.encode(text) == tok.encode(text), repr(text)
+    assert slow._slow is not None and tok._slow is None  # the merges really ran in Python

@@ -260,6 +260,35 @@ def build_server(root: str | Path, tracebacks: bool = False) -> MCPServer:
         return compact_json(run_loadgen(config))
 
     @tool
+    def diagnose(base_url: Annotated[str, Field(description="A running OpenAI-compatible server's root (vLLM, "
+                                                            "SGLang, llama.cpp, ours)",
+                                                examples=["http://127.0.0.1:8000"])],
+                 seconds: Annotated[float, Field(description="How long the load runs and the server is read",
+                                                 examples=[15])] = 15.0,
+                 concurrency: Annotated[int, Field(description="Requests in flight at once", examples=[16])] = 16,
+                 input_len: Annotated[int, Field(description="Prompt tokens per request", examples=[256])] = 256,
+                 output_len: Annotated[int, Field(description="Output tokens per request", examples=[64])] = 64,
+                 endpoint: Annotated[str, Field(description="/v1/completions or /v1/chat/completions",
+                                                examples=["/v1/completions"])] = "/v1/completions",
+                 pid: Annotated[int | None, Field(description="The server's pid (default: the listener of the "
+                                                              "URL's port on this machine)", examples=[12345])] = None,
+                 profile_dir: Annotated[str | None, Field(description="Where the server writes its profiler "
+                                                                      "traces (inside the root)",
+                                                          examples=["profiles"])] = None,
+                 pyspy: Annotated[bool, Field(description="Sample the server's Python stacks with py-spy",
+                                              examples=[True])] = True,
+                 api_key: Annotated[str | None, Field(description="Bearer key the server requires",
+                                                      examples=["sk-local"])] = None) -> str:
+        """What limits a running server, from outside: a short fresh-prompt load while its metrics, threads,
+        Python stacks and profile are read; bottlenecks with their evidence and the knobs that act on them."""
+        from infragent.probes.diagnose import DiagnoseConfig, run_diagnose
+
+        return compact_json(run_diagnose(DiagnoseConfig(
+            base_url, pid=pid, profile_dir=str(inside(profile_dir)) if profile_dir else None, seconds=seconds,
+            concurrency=concurrency, input_len=input_len, output_len=output_len, endpoint=endpoint,
+            api_key=api_key, pyspy=pyspy)))
+
+    @tool
     def quality(model: Annotated[str, Field(description="llama (SmolLM2-135M) or hybrid", examples=["llama"])] = "llama",
                 quantization: Annotated[str | None, Field(description="Weight/activation quantization",
                                                           examples=["w8a8"])] = None,

@@ -77,6 +77,9 @@ def serve(
     transfer_timeout: float = typer.Option(60.0, "--transfer-timeout", help="--disagg: seconds a request may "
                                            "spend in prefill + KV transfer, in waiting for admission, or "
                                            "between two tokens before it fails."),
+    profile_dir: Optional[str] = typer.Option(None, "--profile-dir", help="Take torch.profiler traces of the "
+                                              "engine's steps on POST /start_profile and /stop_profile (as vLLM "
+                                              "and SGLang), written here as gzipped Kineto JSON."),
     print_config: bool = typer.Option(False, "--print-config", help="Print the resolved engine config as JSON "
                                       "and exit, without loading the model."),
     *,
@@ -104,7 +107,8 @@ def serve(
         logging.getLogger("infragent.serve").info("engine code: %s", Path(infragent.__file__).resolve().parent)
         split = (DisaggConfig(prefill_workers, decode_workers, kv_store, transfer_timeout) if disagg else None)
         server = make_server(config, host, port, api_key, max_waiting, shutdown_timeout, served_model_name,
-                             log_level="info", disagg=split, max_request_bytes=max_request_bytes)
+                             log_level="info", disagg=split, max_request_bytes=max_request_bytes,
+                             profile_dir=profile_dir)
     except (ConfigError, FileNotFoundError) as err:
         fail(str(err))
         return

@@ -1,4 +1,5 @@
-"""The probes' commands: check, bench, record, gil, roofline, analyze, quality, loadgen; each prints a Feedback."""
+"""The probes' commands: check, bench, record, gil, roofline, analyze, quality, loadgen, diagnose; each prints a
+Feedback."""
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
@@ -222,3 +223,44 @@ def loadgen(
         fail(str(err))
         return
     emit(feedback, as_json, verbose, html)
+
+
+@app.command()
+def diagnose(
+    base_url: str = typer.Option(..., "--base-url", help="The server's root, e.g. http://127.0.0.1:8000 (any "
+                                 "OpenAI-compatible server: vLLM, SGLang, llama.cpp, ours)."),
+    pid: Optional[int] = typer.Option(None, "--pid", help="The server's process (default: whoever listens on the "
+                                      "URL's port, when the server is on this machine)."),
+    pgid: Optional[int] = typer.Option(None, "--pgid", help="The server's process group, instead of --pid."),
+    profile_dir: Optional[str] = typer.Option(None, "--profile-dir", help="Where the server writes its "
+                                              "torch.profiler traces (VLLM_TORCH_PROFILER_DIR, "
+                                              "SGLANG_TORCH_PROFILER_DIR, ours: serve --profile-dir)."),
+    seconds: float = typer.Option(15.0, "--seconds", help="How long the load runs (and the server is read)."),
+    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight at once."),
+    input_len: int = typer.Option(256, "--input-len", help="Prompt tokens per request."),
+    output_len: int = typer.Option(64, "--output-len", help="Output tokens per request."),
+    endpoint: str = typer.Option("/v1/completions", "--endpoint", help="/v1/completions or /v1/chat/completions"),
+    prompt_format: str = typer.Option("text", "--prompt-format", help="text (as clients send it: the server "
+                                      "tokenizes), tokens (ids), or auto."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the first /v1/models entry)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key"),
+    no_pyspy: bool = typer.Option(False, "--no-pyspy", help="Do not sample the server's Python stacks."),
+    as_json: bool = typer.Option(False, "--json"),
+    verbose: bool = typer.Option(False, "--verbose", help="The whole result; by default a compact reply (at most "
+                                 "4 KB) that names the file holding the rest."),
+) -> None:
+    """What limits a running server: a short fresh-prompt load while its metrics, threads, Python stacks and
+    profile are read; findings with their evidence and the knobs that act on them."""
+    from infragent.probes.diagnose import DiagnoseConfig, DiagnoseError, run_diagnose
+
+    if pid is not None and pgid is not None:
+        fail("give --pid or --pgid, not both")
+    config = DiagnoseConfig(base_url, pid=pid, pgid=pgid, profile_dir=profile_dir, seconds=seconds,
+                            concurrency=concurrency, input_len=input_len, output_len=output_len, endpoint=endpoint,
+                            model=model, api_key=api_key, pyspy=not no_pyspy, prompt_format=prompt_format)
+    try:
+        feedback = run_diagnose(config)
+    except (DiagnoseError, ValueError) as err:
+        fail(str(err))
+        return
+    emit(feedback, as_json, verbose)

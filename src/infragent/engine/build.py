@@ -63,7 +63,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
     ranks), size and allocate its caches, and make the scheduler, runner and draft model."""
     torch.set_num_threads(config.resolved_threads())
     gguf = read_gguf(config.gguf_path)  # header parsed once, shared by tokenizer and weights
-    tokenizer = Tokenizer.from_reader(gguf)
+    tokenizer = Tokenizer.from_reader(gguf, mode=config.tokenizer_mode)
     if config.model == "llama":
         shape, weights = load_llama(gguf, blocks=any(f in BLOCK_FORMATS for f in candidates(config)))
     else:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 from infragent.engine.options import (BLOCK_FORMATS, DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES,  # noqa: F401
                                       KV_CACHE_DTYPES, KV_LAYOUTS, MODELS, MOE_EXCHANGES, PARTIAL_PRECISIONS,
                                       QUANTIZATIONS, ROLLBACKS, ROUTER_SCORINGS, SPECULATIVE, TRANSFER_IMPLS,
-                                      TRANSFER_MODES, WEIGHT_FORMATS, ConfigError)
+                                      TOKENIZER_MODES, TRANSFER_MODES, WEIGHT_FORMATS, ConfigError)
 
 
 def _knob(default: Any, flag: str, help: str, *aliases: str) -> Any:
@@ -88,6 +88,8 @@ class EngineConfig:
                                       "model's context, 4096)).")
     kv_cache_gb: float = _knob(0.5, "--kv-cache-gb", "GB of memory for the attention KV cache.")
     kv_layout: str = _knob("paged", "--kv-layout", "paged or contiguous.")
+    tokenizer_mode: str = _knob("fast", "--tokenizer-mode", "fast (native BPE merges) or slow (the merges in "
+                                "Python, holding the GIL, as transformers' slow tokenizers; vLLM's flag).")
     enable_prefix_caching: bool | None = _knob(None, "--enable-prefix-caching", "Reuse the KV of shared prompt "
                                                "prefixes (default: on where the model allows it: no KDA layers).")
     num_threads: int | None = _knob(None, "--threads", "torch threads (default: all cores, split among ranks).")
@@ -166,6 +168,8 @@ class EngineConfig:
             raise ConfigError(f"gemm: {self.gemm} runs fp32 only; use dtype float32 or gemm torch")
         if self.kernels not in KERNEL_CHOICES:
             raise ConfigError(f"kernels: {self.kernels!r}; choose one of {', '.join(KERNEL_CHOICES)}")
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise ConfigError(f"tokenizer_mode: {self.tokenizer_mode!r}; choose one of {', '.join(TOKENIZER_MODES)}")
         if self.kv_layout not in KV_LAYOUTS:
             raise ConfigError(f"kv_layout: {self.kv_layout!r}; choose one of {', '.join(KV_LAYOUTS)}")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):

@@ -13,6 +13,7 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
         self._computed_seen = 0
+        self._preemptions_seen = 0
         self._expert_seen: dict[tuple[int, int], int] = {}
         self.requests = Counter("infragent:requests", "Requests by final status "
                                 "(stop, length, abort, error, rejected = 429, invalid = other 4xx).",
@@ -28,6 +29,10 @@ class ServerMetrics:
         self.kv_blocks_used = Gauge("infragent:kv_blocks_used", "KV-cache blocks referenced by requests.",
                                     registry=registry)
         self.kv_blocks_total = Gauge("infragent:kv_blocks_total", "KV-cache blocks in the pool.", registry=registry)
+        self.kv_usage = Gauge("infragent:kv_cache_usage_perc", "Fraction of the KV-cache blocks in use (0-1, as "
+                              "vLLM's kv_cache_usage_perc).", registry=registry)
+        self.preemptions = Counter("infragent:num_preemptions", "Running requests evicted (their KV freed) to make "
+                                   "room, to be recomputed later.", registry=registry)
         self.state_slots_used = Gauge("infragent:state_slots_used", "KDA state slots held by requests.",
                                       registry=registry)
         self.state_slots_total = Gauge("infragent:state_slots_total", "KDA state slots in the pool.",
@@ -94,11 +99,15 @@ class ServerMetrics:
         self.requests.labels(status=status).inc()
 
     def set_state(self, running: int, waiting: int, kv_blocks_used: int, kv_blocks_total: int,
-                  state_slots_used: int, state_slots_total: int, prompt_tokens_computed: int = 0) -> None:
-        """Update the gauges and the computed-prompt counter to its running total (called by the engine
-        thread after each step)."""
+                  state_slots_used: int, state_slots_total: int, prompt_tokens_computed: int = 0,
+                  preemptions: int = 0) -> None:
+        """Update the gauges, and the computed-prompt and preemption counters to their running totals (called
+        by the engine thread after each step)."""
         self.prompt_tokens_computed.inc(max(0, prompt_tokens_computed - self._computed_seen))
         self._computed_seen = max(self._computed_seen, prompt_tokens_computed)
+        self.preemptions.inc(max(0, preemptions - self._preemptions_seen))
+        self._preemptions_seen = max(self._preemptions_seen, preemptions)
+        self.kv_usage.set(kv_blocks_used / kv_blocks_total if kv_blocks_total else 0.0)
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_blocks_used.set(kv_blocks_used)

@@ -8,6 +8,7 @@ ROUTER_SCORINGS = ("softmax", "sigmoid")  # hybrid-moe: how the router turns log
 MOE_EXCHANGES = ("gloo", "native", "native-gil-held")
 DTYPES = ("float32", "bfloat16")  # torch dtype names (torch is imported when the engine needs it)
 KV_LAYOUTS = ("paged", "contiguous")
+TOKENIZER_MODES = ("fast", "slow")
 GEMMS = ("torch", "blas", "blas-gil-held")
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp8", "int8")  # auto: the model's dtype
 QUANTIZATIONS = ("w8a8", "int8-weight")

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from infragent.engine.detokenizer import IncrementalDetokenizer
 from infragent.engine.gguf_weights import GGUFFile, read_gguf
+from infragent.engine.tokenizer_slow import SlowBPE
 
 __all__ = ["IncrementalDetokenizer", "Tokenizer"]
 
@@ -53,7 +54,7 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 class Tokenizer:
     """Encode/decode text and render chat prompts for a GGUF byte-level BPE model."""
 
-    def __init__(self, metadata: Mapping[str, Any], source: str = "<metadata>") -> None:
+    def __init__(self, metadata: Mapping[str, Any], source: str = "<metadata>", mode: str = "fast") -> None:
         def get(key: str, default: Any = ...) -> Any:
             full = f"tokenizer.ggml.{key}"
             if full not in metadata and default is ...:
@@ -67,7 +68,8 @@ class Tokenizer:
         merges = [tuple(m.split(" ")) for m in get("merges")]
         if any(len(m) != 2 for m in merges):
             raise ValueError(f"{source}: tokenizer.ggml.merges has entries that are not 'left right' pairs")
-        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False, byte_fallback=False)
+        bpe_vocab = {t: i for i, t in enumerate(tokens)}
+        bpe = models.BPE(vocab=bpe_vocab, merges=merges, fuse_unk=False, byte_fallback=False)
         tok = _HFTokenizer(bpe)
         tok.pre_tokenizer = _pre_tokenizer(get("pre", "default"))
         tok.decoder = decoders.ByteLevel()
@@ -79,6 +81,8 @@ class Tokenizer:
             raise ValueError(f"{source}: tokenizer vocabulary has duplicate tokens; the GGUF file looks corrupt")
 
         self._tok = tok
+        self._slow = None if mode == "fast" else SlowBPE(
+            bpe_vocab, merges, specials + user, lambda text: [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(text)])
         self._source = source
         self._tokens = tokens
         self._special_ids = frozenset(i for i, k in enumerate(token_types) if k == _TOKEN_TYPE_CONTROL)
@@ -91,21 +95,21 @@ class Tokenizer:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, path: str | Path | None = None) -> Tokenizer:
-        """Build from a GGUF file (None -> the default SmolLM2 GGUF)."""
-        return cls.from_reader(read_gguf(path))
+    def from_gguf(cls, path: str | Path | None = None, mode: str = "fast") -> Tokenizer:
+        """Build from a GGUF file (None -> the default SmolLM2 GGUF); mode slow: the merges in Python."""
+        return cls.from_reader(read_gguf(path), mode)
 
     @classmethod
-    def from_reader(cls, reader: Any) -> Tokenizer:
+    def from_reader(cls, reader: Any, mode: str = "fast") -> Tokenizer:
         """Build from an already-parsed GGUF: an infragent GGUFFile or a `gguf.GGUFReader`."""
         if isinstance(reader, GGUFFile):
-            return cls(reader.metadata, source=str(reader.path))
+            return cls(reader.metadata, source=str(reader.path), mode=mode)
         fields = getattr(reader, "fields", None)
         if fields is None:
             raise TypeError(f"expected a GGUFFile or gguf.GGUFReader, got {type(reader).__name__}")
         wanted = [f"tokenizer.ggml.{k}" for k in _KEYS] + ["tokenizer.chat_template"]
         metadata = {k: fields[k].contents() for k in wanted if k in fields}
-        return cls(metadata, source=str(getattr(reader, "path", "<GGUFReader>")))
+        return cls(metadata, source=str(getattr(reader, "path", "<GGUFReader>")), mode=mode)
 
     # ---- properties ---------------------------------------------------------------------
     @property
@@ -166,9 +170,12 @@ class Tokenizer:
         """Token ids for text; special-token strings like `<|im_start|>` in text map to their ids."""
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, got {type(text).__name__}")
-        # encode_batch releases the GIL while it works (encode holds it): a long prompt tokenized in a worker
-        # thread then does not stall the server's event loop
-        ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+        if self._slow is not None:
+            ids = self._slow.encode(text)
+        else:
+            # encode_batch releases the GIL while it works (encode holds it): a long prompt tokenized in a worker
+            # thread then does not stall the server's event loop
+            ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_bos:
             if self._bos is None:
                 raise ValueError(f"{self._source}: add_bos=True but the GGUF defines no tokenizer.ggml.bos_token_id")

@@ -14,12 +14,12 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
 
 import httpx
 import psutil
 
 from infragent.lab.spec import Target
+from infragent.probes.processes import group_of, listener_pid, port_of
 
 def engine_config(target: Target, knobs: dict[str, Any]) -> Any:
     """The EngineConfig an engine target's server would run with these knobs (its serve_args applied)."""
@@ -113,28 +113,6 @@ def code_environment(target: Target, code: Path | None) -> tuple[Path | None, di
     source = code / "src" if (code / "src" / "infragent").is_dir() else code
     inherited = os.environ.get("PYTHONPATH")
     return code, {"PYTHONPATH": os.pathsep.join([str(source)] + ([inherited] if inherited else []))}
-
-
-def port_of(url: str) -> int:
-    """The TCP port a URL points at."""
-    parts = urlsplit(url)
-    return parts.port or (443 if parts.scheme == "https" else 80)
-
-
-def listener_pid(port: int) -> int | None:
-    """The pid of the process listening on this TCP port (None when nobody visible to us listens)."""
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-            return conn.pid
-    return None
-
-
-def group_of(pid: int) -> int | None:
-    """A process's group id, or None when it is gone."""
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
 
 
 class TargetProcess:

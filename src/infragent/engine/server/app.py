@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+"""The OpenAI-compatible HTTP app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and
+/start_profile, /stop_profile (vLLM's and SGLang's convention)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,7 @@ from infragent.engine.serving import QueueFull, RequestStream, ServingEngine
 from infragent.engine.server.body_limit import BodyLimit
 from infragent.engine.server.protocol import ChatCompletionRequest, CompletionRequest, error_body, new_id
 from infragent.engine.server.responder import EngineUnavailable, Responder
+from infragent.engine.server.step_profiler import ProfileError, StepProfiler
 
 log = logging.getLogger("infragent.server")
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -65,6 +67,8 @@ def build_app(engine: ServingEngine, model_name: str, api_key: str | None = None
     app.add_api_route("/v1/models", _models, methods=["GET"], dependencies=guarded)
     app.add_api_route("/v1/completions", _completions, methods=["POST"], dependencies=guarded)
     app.add_api_route("/v1/chat/completions", _chat_completions, methods=["POST"], dependencies=guarded)
+    app.add_api_route("/start_profile", _start_profile, methods=["POST"], dependencies=guarded)
+    app.add_api_route("/stop_profile", _stop_profile, methods=["POST"], dependencies=guarded)
     return app
 
 
@@ -118,6 +122,32 @@ async def _health(request: Request) -> Response:
 
 async def _prometheus(request: Request) -> Response:
     return Response(_served(request).engine.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _profiler(request: Request) -> StepProfiler:
+    profiler = getattr(_served(request).engine, "profiler", None)
+    if profiler is None:
+        raise APIError(400, "profiling is off: start the server with --profile-dir DIR (not available with --disagg)",
+                       code="profiling_off")
+    return profiler
+
+
+async def _start_profile(request: Request) -> dict[str, Any]:
+    profiler = _profiler(request)
+    try:
+        await asyncio.to_thread(profiler.start)
+    except ProfileError as err:
+        raise APIError(409, str(err), code="profile_state") from None
+    return {"status": "profiling", "directory": str(profiler.directory)}
+
+
+async def _stop_profile(request: Request) -> dict[str, Any]:
+    profiler = _profiler(request)
+    try:
+        written = await asyncio.to_thread(profiler.stop)
+    except ProfileError as err:
+        raise APIError(409, str(err), code="profile_state") from None
+    return {"status": "stopped", "traces": [written] if written else []}
 
 
 async def _models(request: Request) -> dict[str, Any]:

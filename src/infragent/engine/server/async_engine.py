@@ -10,6 +10,7 @@ the server itself stays up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -23,6 +24,7 @@ from infragent.engine.sampling import SamplingParams
 from infragent.engine.sequence import Sequence
 from infragent.engine.serving import Admission, RequestStream, ServingEngine
 from infragent.engine.metrics import ServerMetrics
+from infragent.engine.server.step_profiler import StepProfiler
 from infragent.engine.server.responder import EngineUnavailable
 
 log = logging.getLogger("infragent.server")
@@ -31,8 +33,10 @@ log = logging.getLogger("infragent.server")
 class AsyncEngine(ServingEngine):
     """Owns an LLMEngine and the thread that steps it (a ServingEngine)."""
 
-    def __init__(self, config: EngineConfig, max_waiting: int = 256, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, config: EngineConfig, max_waiting: int = 256, metrics: ServerMetrics | None = None,
+                 profile_dir: str | None = None) -> None:
         self.engine = LLMEngine(config)
+        self.profiler = StepProfiler(profile_dir) if profile_dir else None  # /start_profile, /stop_profile
         self.admission = Admission(max_waiting)
         self.metrics = metrics or ServerMetrics()
         self._inbox: queue.SimpleQueue[tuple[str, list[RequestStream]]] = queue.SimpleQueue()
@@ -89,13 +93,16 @@ class AsyncEngine(ServingEngine):
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self.profiler is not None:
+                self.profiler.poll()
             self._drain_inbox()
             if not self.engine.has_unfinished():
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
             try:
-                update = self.engine.step_updates()
+                with self.profiler.marked() if self.profiler is not None else contextlib.nullcontext():
+                    update = self.engine.step_updates()
             except RankDiedError as err:  # no step can run again: refuse from now on, keep the server up
                 log.error("engine broken: %s", err)
                 self.broken = f"engine error: {err}"
@@ -186,6 +193,7 @@ class AsyncEngine(ServingEngine):
             kv_blocks_used=engine.blocks.num_blocks - engine.blocks.num_free_blocks,
             kv_blocks_total=engine.blocks.num_blocks,
             state_slots_used=(slots.num_slots - len(slots.free)) if slots else 0,
-            state_slots_total=slots.num_slots if slots else 0, prompt_tokens_computed=engine.prompt_tokens_computed)
+            state_slots_total=slots.num_slots if slots else 0, prompt_tokens_computed=engine.prompt_tokens_computed,
+            preemptions=engine.scheduler.num_preemptions)
         if engine.shape.num_experts:
             self.metrics.set_expert_load(engine.model.expert_load())

@@ -34,11 +34,11 @@ class Server(uvicorn.Server):
 def make_server(config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                 max_waiting: int = 256, shutdown_timeout_s: float = 30.0, model_name: str | None = None,
                 log_level: str = "warning", disagg: DisaggConfig | None = None,
-                max_request_bytes: int = MAX_REQUEST_BYTES) -> Server:
+                max_request_bytes: int = MAX_REQUEST_BYTES, profile_dir: str | None = None) -> Server:
     """A uvicorn Server (call .run(), or run it in a thread and set .should_exit) serving the engine, or with
     disagg a router in front of prefill and decode worker processes."""
     engine = (DisaggEngine(config, disagg, max_waiting=max_waiting) if disagg is not None
-              else AsyncEngine(config, max_waiting=max_waiting))
+              else AsyncEngine(config, max_waiting=max_waiting, profile_dir=profile_dir))
     app = build_app(engine, model_name or config.model, api_key, max_request_bytes)
     # On SIGTERM uvicorn stops accepting, waits up to shutdown_timeout_s for in-flight requests, exits 0.
     return Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
