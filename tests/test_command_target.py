@@ -273,3 +273,35 @@ def test_signals_held_while_stopping_arrive_once_the_outermost_block_ends() -> N
                 reached.append("inner")
             reached.append("outer")  # the launch is recorded as stopped before the interrupt goes on
     assert reached == ["inner", "outer"] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+ACTING = """
+[knobs.max_num_seqs]
+type = "int"
+domain = [1, 8]
+default = 1
+acts_on = ["batch_limit"]
+
+[knobs.max_num_batched_tokens]
+type = "int"
+domain = [64, 512]
+default = 512
+acts_on = ["prefill_chunk"]
+"""
+
+
+def test_a_command_target_is_diagnosed_from_outside_and_the_search_turns_the_knob_that_acts(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    text = command_spec(ACTING, CONCURRENT)
+    spec.write_text(text.replace("--max-num-seqs {max_num_seqs}",
+                                 "--max-num-seqs {max_num_seqs} --max-num-batched-tokens {max_num_batched_tokens}"))
+    ledger, lines = Ledger(tmp_path / "ledger.sqlite"), []
+    outcome = optimize(spec, ledger, Budget(probes=3, minutes=5), log=lines.append)
+    results = {r["key"]: r for r in ledger.probe_results(outcome.run_id)}
+    diagnosis = results["ladder/diagnose"]
+    assert "held at 1 (--max-num-seqs 1 on the launch line)" in diagnosis["finding"], diagnosis["finding"]
+    aimed = [h for h in outcome.hypotheses if h.knobs == ["max_num_seqs"]]
+    assert aimed and "queueing-bound" in aimed[0].claim and aimed[0].spans == ["batch_limit"]
+    assert any(line.startswith("searching max_num_seqs (") for line in lines), lines
+    first = outcome.trials[0]["knobs"]
+    assert first["max_num_seqs"] > 1 and first["max_num_batched_tokens"] == 512, outcome.trials

@@ -181,3 +181,18 @@ def test_a_pid_or_group_that_does_not_own_the_port_is_refused() -> None:
     finally:
         listener.kill()
         listener.wait()
+
+
+def test_a_knob_that_acts_on_an_unknown_word_is_one_line_naming_the_words(tmp_path) -> None:
+    from infragent.lab.spec import SpecError, load_spec
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[target]\nkind = "command"\ncommand = "serve --port {port} -np {slots}"\n'
+                    'base_url = "http://127.0.0.1:{port}"\nready_url = "http://127.0.0.1:{port}/health"\n\n'
+                    '[knobs.slots]\ntype = "int"\ndomain = [1, 8]\n'
+                    'acts_on = ["batch_size"]\n\n[[scenarios]]\nname = "s"\n')
+    with pytest.raises(SpecError) as err:
+        load_spec(spec)
+    said = str(err.value)
+    assert "knobs.slots.acts_on" in said and "'batch_size'" in said and "batch_limit" in said, said
+    assert len(said.splitlines()) == 1

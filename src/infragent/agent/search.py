@@ -35,7 +35,7 @@ class SearchProposer:
                  parallel: bool = False) -> None:
         self.all_knobs = knobs
         self.suspects = suspects
-        chosen = {n: k for n, k in knobs.items() if suspects is None or set(k.touches) & set(suspects)}
+        chosen = {n: k for n, k in knobs.items() if suspects is None or set(k.touches + k.acts_on) & set(suspects)}
         self.knobs = chosen or dict(knobs)  # nothing matched the suspects: search everything
         self.fixed = {n: k.default for n, k in knobs.items() if n not in self.knobs and k.default is not None}
         continuous = all(k.type == "float" for k in self.knobs.values())

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from infragent.agent.command_diagnosis import CommandDiagnostics, diagnose_config
 from infragent.agent.context import RunContext
 from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis, from_scheduling
 from infragent.analysis.scheduling import scheduling
@@ -40,6 +41,7 @@ from infragent.lab.measure import default_knobs
 from infragent.lab.spec import QUALITY_METRICS, Spec
 from infragent.lab.target import TargetDied, TargetError, TargetProcess, engine_config, require_own_ports
 from infragent.probes.artifacts import artifact_dir
+from infragent.probes.diagnose import DiagnoseError, run_diagnose
 from infragent.probes.feedback import Feedback
 from infragent.probes.step_bench import (StepAA, StepBenchError, StepWorker, Unit, check_tokens, locate_self_time,
                                          span_shift, step_bench)
@@ -96,11 +98,20 @@ class ServingTarget:
         self.step_workers: dict[str, StepWorker] = {}  # the baseline's engine children, per config, for the run
         self.step_aas: dict[str, StepAA] = {}  # their A/A twins and rounds, per config, for the run
 
-    def diagnostics(self, ctx: RunContext) -> EngineDiagnostics | None:
-        """The engine's trace (in the baseline's engine child); a command target is a black box."""
+    def diagnostics(self, ctx: RunContext) -> EngineDiagnostics | CommandDiagnostics:
+        """The engine's trace (in the baseline's engine child); a command target's baseline launch seen from
+        outside, as `infragent diagnose` sees any server."""
         if self.spec.target.kind != "engine":
-            return None
+            return CommandDiagnostics(self.spec, lambda: self.diagnose_baseline(ctx))
         return EngineDiagnostics(self.spec, self.baseline_knobs, self.trace_baseline)
+
+    def diagnose_baseline(self, ctx: RunContext) -> Feedback:
+        """`diagnose` on the baseline's launch (kept for the run): its metrics, threads, stacks, profile."""
+        base = self.baseline_server(ctx)
+        try:
+            return run_diagnose(diagnose_config(self.spec, base.base_url, base.pgid))
+        except DiagnoseError as err:
+            return Feedback("diagnose", "inconclusive", f"inconclusive: {err}")
 
     def trace_baseline(self) -> Feedback:
         """The diagnosis trace in the baseline's engine child (kept for the step bench when there is code to

@@ -15,6 +15,8 @@
                                   (trials concurrently on a Ray cluster); address = "ray://..." or "auto"
     [knobs.NAME]                  type = "int" | "float" | "choice" | "bool"; domain = [lo, hi] or choices;
                                   touches = ["decode", "kv.gather"]   (spans or kernels the knob acts on)
+                                  acts_on = ["batch_limit"]   (what it moves in any stack, as `diagnose`
+                                  names bottlenecks: batch_limit, kv_capacity, prefill_chunk, threads, tokenizer)
     [[scenarios]]                 name, and loadgen fields (num_prompts, max_concurrency, request_rate, ...)
     [[criteria]]                  scenario, metric, phase, bucket; max/min (absolute) or
                                   max_regression (relative to the baseline) with test and alpha;
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from infragent.probes.acts_on import ACTS_ON
 
 PHASES = ("prefill", "decode", "request")
 # metric -> (phase it belongs to, whether higher is better)
@@ -148,6 +152,15 @@ class Knob(_Strict):
     domain: list[Union[int, float, str, bool]] = Field(default_factory=list)
     default: Optional[Union[int, float, str, bool]] = None
     touches: list[str] = Field(default_factory=list)
+    acts_on: list[str] = Field(default_factory=list)  # what it moves in any stack: batch_limit, kv_capacity, ...
+
+    @field_validator("acts_on")
+    @classmethod
+    def _known_acts_on(cls, value: list[str]) -> list[str]:
+        unknown = [v for v in value if v not in ACTS_ON]
+        if unknown:
+            raise ValueError(f"{unknown[0]!r} is not something a knob acts on here; use any of {', '.join(ACTS_ON)}")
+        return value
 
     @model_validator(mode="after")
     def _domain_fits_type(self) -> "Knob":

@@ -1,10 +1,6 @@
 """What limits a serving stack, read from the outside: rules over the server's metrics, the client's own
 request records, the server's threads and its Python stacks. Each bottleneck names its evidence and the
-kinds of knobs that act on it (the vocabulary a spec's knob `acts_on` uses):
-
-  batch_limit    how many requests run at once           kv_capacity    KV-cache memory
-  prefill_chunk  tokens per step / prefill scheduling    threads        threads per process, processes
-  tokenizer      where and how text becomes tokens
+kinds of knobs that act on it (acts_on.py: the vocabulary a spec's knob `acts_on` uses too).
 
 A rule that cannot be judged (its source missing) says nothing; the diagnosis says what it could not see.
 """
@@ -21,7 +17,6 @@ from infragent.probes.server_metrics import MetricsSeries
 from infragent.probes.server_stacks import TOKENIZATION, StackSampling
 from infragent.probes.server_threads import ThreadReading
 
-ACTS_ON = ("batch_limit", "kv_capacity", "prefill_chunk", "threads", "tokenizer")
 QUEUED_SHARE = 0.3  # of the readings taken while requests ran: waiting > 0 this often is a queue, not a blip
 QUEUE_DEPTH = 0.2  # of the offered concurrency: a median queue at least this deep (and at least 2)
 PINNED_SHARE = 0.7  # of the queued readings: the running batch at its ceiling this often is a cap
