@@ -3,7 +3,8 @@
     [target]                      kind = "engine" (model = "llama") or kind = "command" with
                                   command = "vllm serve M --port {port} --max-num-seqs {max_num_seqs}",
                                   base_url = "http://127.0.0.1:{port}", ready_url = ".../health" ({port}: a free
-                                  port per launch), ready_timeout_s, hang_timeout_s
+                                  port per launch; {python}: the interpreter running infragent),
+                                  ready_timeout_s, hang_timeout_s
                                   or kind = "kernel" with candidate, reference, inputs = "FILE.py:function"
                                   (files next to the spec; knobs become keyword arguments of the candidate),
                                   optional partition, bench_inputs, workload, rtol;
@@ -281,8 +282,9 @@ class Spec(_Strict):
                     raise ValueError(f"knobs.{name}: unknown knob for the engine target; known: {', '.join(KNOBS)}")
         for field in ("command", "base_url", "ready_url"):
             for name in re.findall(r"{(\w+)}", getattr(self.target, field) or ""):
-                if name not in self.knobs and name != "port":
-                    raise ValueError(f"target.{field}: placeholder {{{name}}} is not a declared knob (nor {{port}})")
+                if name not in self.knobs and name not in ("port", "python"):
+                    raise ValueError(f"target.{field}: placeholder {{{name}}} is not a declared knob (nor {{port}} "
+                                     "or {python})")
         urls_port = any("{port}" in (u or "") for u in (self.target.base_url, self.target.ready_url))
         if self.target.kind == "command" and urls_port and "{port}" not in (self.target.command or ""):
             raise ValueError("target.command: base_url or ready_url uses {port} but the command never receives "
@@ -405,7 +407,8 @@ def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
                      "a timeout and a memory limit: check -> bench vs baseline and reference -> criteria -> ledger")
         return lines
     first = ("trace the baseline and attribute it -> hypotheses (suspect spans -> knobs)" if target.kind == "engine"
-             else "no trace (a command target is a black box): every knob is a suspect")
+             else "diagnose the baseline's launch from outside (metrics, threads, stacks, profile) -> hypotheses "
+                  "(bottlenecks -> the knobs whose acts_on moves them; none declared: every knob is a suspect)")
     if target.code:
         lines.append(f"code: {target.code} (baseline and every patch run from their own git worktrees of it; your tree "
                      "is never touched)" + (f"; tests: {target.tests}" if target.tests else ""))

@@ -78,7 +78,7 @@ def launch_command(target: Target, knobs: dict[str, Any]) -> tuple[list[str], st
     """(argv, base_url, ready_url) for a target with these knob values, on a free port."""
     port = free_port()
     if target.kind == "command":
-        fields = {**knobs, "port": port}
+        fields = {**knobs, "port": port, "python": sys.executable}  # {python}: the interpreter running infragent
         try:
             command = target.command.format(**fields)  # type: ignore[union-attr]
             urls = [target.base_url.format(**fields), target.ready_url.format(**fields)]  # type: ignore[union-attr]
