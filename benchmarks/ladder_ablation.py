@@ -5,6 +5,9 @@ the accepted fix, and wrong acceptances.
     PYTHONPATH=src .venv/bin/python benchmarks/ladder_ablation.py [--model llama] [--packs NAME ...]
         [--repeats N] [--json results.json]
 
+serve-command (--packs serve-command) is a command target: our server as a black box with its batch limit
+planted too low; there a wrong acceptance is any accepted trial that leaves max_num_seqs at 2 or below.
+
 The scripted case: a git checkout of this project with a slowdown planted in the engine's decode path (the
 LM head run three extra times per decode step), and a command proposer that offers, in order, a patch that
 breaks outputs, two that are slower, one that is neutral, and the real fix. A run of the ladder with a
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the planted checkout is shared with the tests
@@ -45,6 +49,10 @@ CAUSES = {  # words the supported hypothesis must say for a correct diagnosis (a
     "kv-transfer-gil": [["kv-transfer", "starved of the GIL", "never overlap"]],
     "engine-slo": [["prefill is cut into chunks of 32 tokens"], ["requests wait for a slot", "max_num_seqs = 2"]],
     "quant-gates": [["quantization = 'w8a8' costs quality", "perplexity_increase"]],
+    "serve-command": [["queueing-bound", "--max-num-seqs 2 on the launch line"]],
+}
+FIXES = {  # a pack whose planted cause is known: the trials that fix it (any other accepted trial is wrong)
+    "serve-command": lambda knobs: knobs["max_num_seqs"] > 2,
 }
 
 
@@ -83,7 +91,7 @@ max_regression = 0.02
 
 
 def figures(outcome: Outcome, ledger: Ledger, seconds: float, causes: list[list[str]] | None,
-            kinds: list[str] | None = None) -> dict:
+            kinds: list[str] | None = None, fixes: Callable[[dict], bool] | None = None) -> dict:
     """Probes run, seconds to the first correct diagnosis (a hypothesis naming the cause, posed or settled, and
     never refuted) and to the accepted fix, wrong acceptances."""
     refuted = {h["key"] for h in ledger.hypotheses(outcome.run_id) if h["status"] == "refuted"}
@@ -98,6 +106,9 @@ def figures(outcome: Outcome, ledger: Ledger, seconds: float, causes: list[list[
         wrong = [t for t in accepted if kinds[min(t["trial"], len(kinds) - 1)] != "fix"]
         fix_at = next((events.get(f"trial/{t['trial']} accepted") for t in accepted
                        if kinds[min(t["trial"], len(kinds) - 1)] == "fix"), None)
+    elif fixes is not None:  # a pack with a known planted cause: accepting anything that leaves it is wrong
+        wrong = [t for t in accepted if not fixes(t["knobs"])]
+        fix_at = next((events.get(f"trial/{t['trial']} accepted") for t in accepted if fixes(t["knobs"])), None)
     else:  # a pack: the best feasible trial is the fix; no wrong answer is known in advance
         wrong, fix_at = [], (events.get(f"trial/{outcome.best['trial']} accepted") if outcome.best else None)
     probes = sum(1 for r in ledger.probe_results(outcome.run_id) if r["feedback"]["details"].get("charged", True))
@@ -129,7 +140,7 @@ def run_pack(name: str, mode: str, home: Path, probes: int, minutes: float) -> d
     started = time.monotonic()
     outcome = optimize(folder / "spec.toml", ledger, Budget(probes=probes, minutes=minutes), log=print,
                        feedback=mode)
-    return figures(outcome, ledger, time.monotonic() - started, CAUSES.get(name))
+    return figures(outcome, ledger, time.monotonic() - started, CAUSES.get(name), fixes=FIXES.get(name))
 
 
 def line(case: str, mode: str, r: dict) -> str:
