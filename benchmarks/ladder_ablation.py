@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the planted checkout is shared with the tests
 
 from engine_checkout import planted_checkout, proposer_script  # noqa: E402
-from infragent.agent.command_proposer import CommandProposer  # noqa: E402
+from infragent.agent.proposers.command import CommandProposer  # noqa: E402
 from infragent.agent.context import Budget  # noqa: E402
 from infragent.agent.core import Outcome, optimize  # noqa: E402
 from infragent.lab.ledger import Ledger  # noqa: E402

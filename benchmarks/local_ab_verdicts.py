@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from infragent.agent.serving_gates import aa_calibration, local_ab
+from infragent.agent.targets.serving_gates import aa_calibration, local_ab
 from infragent.lab.environment import capture
 from infragent.lab.spec import Scenario, Target
 from infragent.lab.target import TargetProcess

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import optuna
 
-from infragent.agent.search import SearchProposer
+from infragent.agent.proposers.search import SearchProposer
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Knob, load_spec
 

@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from engine_checkout import RUNNER, SAMPLE_LINE, git, planted_checkout  # noqa: E402
-from infragent.agent.command_proposer import CommandProposer  # noqa: E402
+from infragent.agent.proposers.command import CommandProposer  # noqa: E402
 from infragent.agent.context import Budget  # noqa: E402
 from infragent.agent.core import optimize  # noqa: E402
-from infragent.agent.llm_proposer import LLMProposer  # noqa: E402
+from infragent.agent.proposers.llm import LLMProposer  # noqa: E402
 from infragent.lab.ledger import Ledger  # noqa: E402
 from ladder_ablation import planted_spec  # noqa: E402
 from scripted_llm import ScriptedLLM  # noqa: E402

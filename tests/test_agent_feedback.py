@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import agent_cases as cases
-from infragent.agent.tool_errors import explain
+from infragent.agent.mcp.tool_errors import explain
 from infragent.probes.bench import BenchError, run_bench
 from infragent.probes.callables import forget_modules, from_file, refresh_modules, resolve, stamp_modules
 from infragent.probes.check import run_check

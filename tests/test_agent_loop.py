@@ -7,7 +7,7 @@ import json
 from infragent.agent.hypotheses import from_analysis
 from infragent.agent.context import Budget
 from infragent.agent.core import optimize
-from infragent.agent.search import SearchProposer
+from infragent.agent.proposers.search import SearchProposer
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Knob
 from infragent.probes.feedback import Feedback

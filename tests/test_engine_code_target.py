@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from engine_checkout import fingerprint, planted_checkout, proposer_script
-from infragent.agent.command_proposer import CommandProposer
+from infragent.agent.proposers.command import CommandProposer
 from infragent.agent.context import Budget
 from infragent.agent.core import optimize
 from infragent.lab.ledger import Ledger
@@ -77,7 +77,7 @@ def test_an_engine_patch_is_accepted_end_to_end_and_a_wrong_one_rejected_at_the_
 
 def test_the_llm_proposer_works_an_engine_worktree_through_charged_probes(tmp_path: Path) -> None:
     from engine_checkout import PLANTED, RUNNER
-    from infragent.agent.llm_proposer import LLMProposer
+    from infragent.agent.proposers.llm import LLMProposer
     from scripted_llm import ScriptedLLM
 
     checkout = planted_checkout(tmp_path / "checkout")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from infragent.agent.command_proposer import CommandProposer
+from infragent.agent.proposers.command import CommandProposer
 from infragent.agent.context import Budget
 from infragent.agent.core import optimize
-from infragent.agent.llm_proposer import LLMProposer
+from infragent.agent.proposers.llm import LLMProposer
 from infragent.lab.trajectory import probes_until
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import PACKS, load_spec
@@ -177,8 +177,8 @@ def test_search_over_a_finite_knob_skips_the_baseline_and_stops_when_every_value
 
 
 def test_gates_reject_a_candidate_that_raises_or_does_not_import(tmp_path: Path) -> None:
-    from infragent.agent.kernel_gates import run_gates
-    from infragent.agent.kernel_target import KernelTarget
+    from infragent.agent.targets.kernel_gates import run_gates
+    from infragent.agent.targets.kernel_target import KernelTarget
 
     base = pack_copy("tp-precision", tmp_path / "base")
     broken = pack_copy("tp-precision", tmp_path / "broken")

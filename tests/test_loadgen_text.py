@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infragent.agent.serving_gates import aa_calibration
+from infragent.agent.targets.serving_gates import aa_calibration
 from infragent.lab.spec import Scenario
 from infragent.probes.loadgen import LoadConfig, run_loadgen
 from server_fixture import thread_server

@@ -12,7 +12,7 @@ from infragent.agent.diagnosis import diagnose
 from infragent.agent.dispatch import cost_of, probes_in
 from infragent.agent.hypotheses import Hypothesis
 from infragent.agent.proposal import ProposalContext, SearchDone
-from infragent.agent.search import SearchProposer
+from infragent.agent.proposers.search import SearchProposer
 from infragent.lab.ledger import Ledger
 from infragent.lab.spec import Knob, Spec
 from infragent.lab.trajectory import best_of, chains
@@ -113,7 +113,7 @@ def test_diagnosis_runs_the_cheapest_refuting_probe_first_and_settles_each_hypot
 def test_a_traced_engine_says_its_prefill_is_chunked_and_requests_wait(tmp_path: Path) -> None:
     import json
 
-    from infragent.agent.serving_target import EngineDiagnostics, ServingTarget
+    from infragent.agent.targets.serving_target import EngineDiagnostics, ServingTarget
     from infragent.lab.spec import load_spec
     from server_fixture import TINY_HYBRID
 

@@ -233,7 +233,7 @@ def test_hybrid_model_runs_quantized():
 
 
 def test_quant_gates_pack_passes_int8_kv_and_rejects_w8a8_without_smoothing(engines):
-    from infragent.agent.serving_gates import quality_gate
+    from infragent.agent.targets.serving_gates import quality_gate
     from infragent.lab.spec import PACKS, load_spec
     from infragent.probes.quality import QualityPlan
 

@@ -20,7 +20,7 @@ import pytest
 
 from infragent.agent.context import Budget
 from infragent.agent.core import optimize
-from infragent.agent.remote_trial import TrialJob, _spec_here, spec_files
+from infragent.agent.executors.remote_trial import TrialJob, _spec_here, spec_files
 from infragent.agent.proposal import Proposal
 from infragent.agent.workspace import Workspace, WorkspaceError
 from infragent.lab.ledger import Ledger
@@ -168,8 +168,8 @@ def test_a_node_lost_mid_trial_is_recorded_and_its_trial_runs_again_elsewhere(cl
 
 
 def test_an_attempt_placed_on_a_node_that_died_unnoticed_is_named_by_that_node(cluster) -> None:
-    from infragent.agent.ray_executor import _placed
-    from infragent.agent.remote_trial import TrialRunner
+    from infragent.agent.executors.ray_executor import _placed
+    from infragent.agent.executors.remote_trial import TrialRunner
 
     head, _ = cluster
     doomed = head.add_node(num_cpus=1, resources={"doomed_node": 1})

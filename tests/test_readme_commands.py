@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from infragent.agent.kernel_gates import grade_bench, judge_kernel
-from infragent.agent.kernel_hypotheses import SETTLE
-from infragent.agent.kernel_target import decision, trial_finding
+from infragent.agent.targets.kernel_gates import grade_bench, judge_kernel
+from infragent.agent.targets.kernel_hypotheses import SETTLE
+from infragent.agent.targets.kernel_target import decision, trial_finding
 from infragent.analysis.stats import paired_ratio
 from infragent.lab.spec import Criterion
 from infragent.probes import bench as bench_probe

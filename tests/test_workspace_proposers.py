@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infragent.agent.command_proposer import CommandProposer
-from infragent.agent.llm_proposer import LLMProposer
+from infragent.agent.proposers.command import CommandProposer
+from infragent.agent.proposers.llm import LLMProposer
 from infragent.agent.proposal import ProposalContext, ProposalError, truncate
 from infragent.agent.workspace import Workspace, WorkspaceError
 from scripted_llm import ScriptedLLM

@@ -8,7 +8,7 @@ repeated non-wins refute it (its knobs are closed). Accepted patches are exporte
 Every probe is one ledger record with its cost; hypotheses and candidates are their own ledger records.
 The loop stops at the budget (probes, minutes) or when the proposer has nothing new; an interrupted run
 resumes from the ledger: recorded probes and candidates are replayed, not re-run. With executor "ray" the
-diagnosis runs here and the trials run concurrently on a Ray cluster's nodes (agent/ray_executor.py).
+diagnosis runs here and the trials run concurrently on a Ray cluster's nodes (agent/executors/ray_executor.py).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from infragent.agent.context import Budget, RunContext
 from infragent.agent.diagnosis import diagnose
 from infragent.agent.hypotheses import Hypothesis, suspects
 from infragent.agent.proposal import Proposer, SearchDone
-from infragent.agent.search import SearchProposer
+from infragent.agent.proposers.search import SearchProposer
 from infragent.agent.target_kinds import make_target
 from infragent.agent.targets import LoopTarget
 from infragent.agent.trial import MAX_FAILED_PROPOSALS, closed_knobs, conclude, fresh_result, propose, settle, store
@@ -86,7 +86,7 @@ def _optimize(ctx: RunContext, target: LoopTarget, proposer: Proposer | None, ex
         outcome = Outcome(ctx.run_id, {"knobs": target.baseline_knobs}, None, hypotheses=hypotheses, events=ctx.events)
         replays = {c["trial"]: c for c in ctx.ledger.candidates(ctx.run_id)}
         if executor.kind == "ray":
-            from infragent.agent.ray_executor import run_trials
+            from infragent.agent.executors.ray_executor import run_trials
 
             outcome.trials, outcome.limits = run_trials(ctx, target, proposer, hypotheses, replays, executor.address)
         else:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infragent.agent.kernel_target import KernelTarget
-from infragent.agent.serving_target import ServingTarget
+from infragent.agent.targets.kernel_target import KernelTarget
+from infragent.agent.targets.serving_target import ServingTarget
 from infragent.agent.targets import LoopTarget
 from infragent.lab.spec import Spec
 

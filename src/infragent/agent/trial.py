@@ -1,4 +1,4 @@
-"""One trial's steps, shared by the local loop (agent/core.py) and the Ray executor (agent/ray_executor.py):
+"""One trial's steps, shared by the local loop (agent/core.py) and the Ray executor (agent/executors/ray_executor.py):
 a proposal made concrete as a candidate (a repeat or a failed proposal is stored at once), the target's
 verdict settled into the trial's result and stored, and what it teaches about the hypothesis it tested.
 """
@@ -11,7 +11,7 @@ from infragent.agent.context import RunContext
 from infragent.agent.diagnosis import add_hypothesis
 from infragent.agent.hypotheses import Hypothesis
 from infragent.agent.proposal import Proposal, ProposalContext, ProposalError, Proposer, SearchDone
-from infragent.agent.search import SearchProposer
+from infragent.agent.proposers.search import SearchProposer
 from infragent.agent.targets import Candidate, LoopTarget
 from infragent.agent.workspace import Workspace
 from infragent.probes.feedback import Feedback

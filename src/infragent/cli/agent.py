@@ -84,13 +84,13 @@ def _code_proposer(name: str, command: Optional[str], base_url: Optional[str], m
     if name == "search":
         return None
     if name == "command":
-        from infragent.agent.command_proposer import CommandProposer
+        from infragent.agent.proposers.command import CommandProposer
 
         if not command:
             raise ValueError("--proposer command needs --command 'PROGRAM ARGS' (it gets JSON on stdin, returns a patch)")
         return CommandProposer(command)
     if name == "llm":
-        from infragent.agent.llm_proposer import LLMProposer
+        from infragent.agent.proposers.llm import LLMProposer
 
         return LLMProposer(base_url=base_url, model=model)
     raise ValueError(f"--proposer {name}: choose search, llm or command")
@@ -104,7 +104,7 @@ def mcp(
     """Serve the probes, analyses, ledger queries and criteria evaluation as MCP tools over stdio."""
     import os
 
-    from infragent.agent.mcp_server import build_server
+    from infragent.agent.mcp.server import build_server
 
     os.chdir(root)  # module:function names and the artifacts folder are the root's, wherever it was started
     build_server(".", tracebacks).run()

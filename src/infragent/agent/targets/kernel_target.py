@@ -12,10 +12,10 @@ from typing import Any, Iterator
 
 from infragent.agent.context import RunContext, clip
 from infragent.agent.hypotheses import Hypothesis
-from infragent.agent.kernel_code import load_kernel_code
-from infragent.agent.kernel_gates import GATE_OF, gates_argv
-from infragent.agent.kernel_hypotheses import KernelDiagnostics
-from infragent.agent.kernel_ladder import kernel_probes
+from infragent.agent.targets.kernel_code import load_kernel_code
+from infragent.agent.targets.kernel_gates import GATE_OF, gates_argv
+from infragent.agent.targets.kernel_hypotheses import KernelDiagnostics
+from infragent.agent.targets.kernel_ladder import kernel_probes
 from infragent.agent.proposal import Probe
 from infragent.agent.targets import Candidate, proposal_info
 from infragent.agent.workspace import Workspace, run_limited

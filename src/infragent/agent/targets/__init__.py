@@ -1,7 +1,7 @@
 """The one interface the loop has to what it optimizes: a target prepares a candidate (a worktree with a
 patch, and knob values), launches it or loads its callables, probes it cheapest first, and stops it.
-Implementations: the engine and command targets (agent/serving_target.py) and kernel targets
-(agent/kernel_target.py); agent/core.py picks one for the spec."""
+Implementations: the engine and command targets (agent/targets/serving_target.py) and kernel targets
+(agent/targets/kernel_target.py); agent/core.py picks one for the spec."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

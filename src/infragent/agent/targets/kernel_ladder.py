@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from infragent.agent.kernel_code import KernelCode
+from infragent.agent.targets.kernel_code import KernelCode
 from infragent.analysis.repeats import redone, repeats
 from infragent.analysis.trace_load import columns_from_trace
 from infragent.probes.artifacts import artifact_dir

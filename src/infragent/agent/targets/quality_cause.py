@@ -12,7 +12,7 @@ from typing import Any
 
 from infragent.agent.context import RunContext
 from infragent.agent.hypotheses import Hypothesis
-from infragent.agent.serving_gates import quality_gate
+from infragent.agent.targets.serving_gates import quality_gate
 from infragent.agent.targets import Candidate
 from infragent.lab.spec import Spec
 

@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from infragent.agent.command_diagnosis import CommandDiagnostics, diagnose_config
+from infragent.agent.targets.command_diagnosis import CommandDiagnostics, diagnose_config
 from infragent.agent.context import RunContext
 from infragent.agent.hypotheses import Hypothesis, engine_workload, from_analysis, from_scheduling
 from infragent.analysis.scheduling import scheduling
 from infragent.agent.proposal import Probe
-from infragent.agent.quality_cause import known_quality_cost, quality_causes
-from infragent.agent.serving_gates import (aa_calibration, check_outputs, end_to_end, local_ab, quality_gate,
+from infragent.agent.targets.quality_cause import known_quality_cost, quality_causes
+from infragent.agent.targets.serving_gates import (aa_calibration, check_outputs, end_to_end, local_ab, quality_gate,
                                           run_tests, step_unit)
-from infragent.agent.serving_tools import serving_tools
+from infragent.agent.targets.serving_tools import serving_tools
 from infragent.agent.targets import Candidate, proposal_info
 from infragent.agent.workspace import Workspace
 from infragent.lab.lifecycle import launched
@@ -197,7 +197,7 @@ class ServingTarget:
                                 f"run-{ctx.run_id}-trial-{number}-{_stamp()}")
 
     def tools(self, ctx: RunContext, workspace: Workspace, key: str) -> dict[str, Probe]:
-        """The probes a code proposer may run on its worktree (agent/serving_tools.py)."""
+        """The probes a code proposer may run on its worktree (agent/targets/serving_tools.py)."""
         return serving_tools(self, ctx, workspace, key)
 
     def info(self, ctx: RunContext, hypotheses: list[Hypothesis], trials: list[dict]) -> dict[str, Any]:

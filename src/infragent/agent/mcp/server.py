@@ -6,7 +6,7 @@ MCP tools over stdio (the official `mcp` SDK), so any coding agent can drive the
 - Every parameter has a description and an example in the tool's schema.
 - Replies are compact (probes/compact.py: at most 4 KB); the whole result is an artifact the reply names,
   and `artifact` reads a slice of it.
-- A failed call answers with what was wrong, where in the user's code, and a fix (agent/tool_errors.py);
+- A failed call answers with what was wrong, where in the user's code, and a fix (agent/mcp/tool_errors.py);
   a traceback only with `infragent mcp --tracebacks`.
 - The user's modules under the root are imported afresh when their files changed since the last call.
 - Every path resolves inside the workspace root; one that leads outside is refused.
@@ -22,7 +22,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from infragent.agent.tool_errors import explain
+from infragent.agent.mcp.tool_errors import explain
 from infragent.probes.callables import refresh_modules, stamp_modules
 from infragent.probes.compact import REPLY_LIMIT, as_tool_calls, compact_json
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 from infragent.agent.context import RunContext, fresh_key
 from infragent.agent.proposal import Probe
-from infragent.agent.serving_gates import objective, run_tests, step_unit
+from infragent.agent.targets.serving_gates import objective, run_tests, step_unit
 from infragent.agent.workspace import Workspace
 from infragent.lab.measure import interleaved_repeat
 from infragent.lab.spec import Spec

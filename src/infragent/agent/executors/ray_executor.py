@@ -1,7 +1,7 @@
 """Trials on a Ray cluster: the driver proposes (the search asks while earlier trials still run) and keeps as
 many trials in flight as the cluster's live nodes can place (the spec's [target] resources per trial); each
 trial is a fresh actor holding those resources on one node, where it launches its own twin baseline beside
-the candidate (agent/remote_trial.py). Its bundle comes home through Ray's object store and is written to the
+the candidate (agent/executors/remote_trial.py). Its bundle comes home through Ray's object store and is written to the
 run's ledger: records tagged with the node, artifacts by hash, launches and their logs, then the trial's
 result (with the node and its clock). A node's A/A floor is measured once there and given to its later
 trials; a floor is never used on another node.
@@ -22,7 +22,7 @@ from typing import Any
 from infragent.agent.context import Budget, RunContext
 from infragent.agent.hypotheses import Hypothesis
 from infragent.agent.proposal import Proposer, SearchDone
-from infragent.agent.remote_trial import TrialJob, TrialRunner, spec_files
+from infragent.agent.executors.remote_trial import TrialJob, TrialRunner, spec_files
 from infragent.agent.targets import Candidate, LoopTarget
 from infragent.agent.trial import MAX_FAILED_PROPOSALS, conclude, fresh_result, propose, settle, store
 from infragent.agent.workspace import WorkspaceError

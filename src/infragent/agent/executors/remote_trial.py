@@ -19,7 +19,7 @@ from typing import Any
 from infragent.agent.context import Budget, RunContext
 from infragent.agent.hypotheses import Hypothesis
 from infragent.agent.proposal import Proposal
-from infragent.agent.serving_target import RunError
+from infragent.agent.targets.serving_target import RunError
 from infragent.agent.target_kinds import make_target
 from infragent.agent.targets import Candidate
 from infragent.agent.workspace import WorkspaceError

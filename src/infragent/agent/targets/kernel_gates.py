@@ -4,7 +4,7 @@ roofline against the reference (evidence only: what work the candidate does, how
 every kernel criterion judged. The reference, the inputs and the baseline come from the baseline's copy of
 the code, so a patch cannot move the goalposts; only the candidate comes from the proposal's folder.
 
-    python -m infragent.agent.kernel_gates SPEC --root DIR --baseline-root DIR --knobs JSON
+    python -m infragent.agent.targets.kernel_gates SPEC --root DIR --baseline-root DIR --knobs JSON
         --baseline-knobs JSON --out RESULT.json
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from infragent.agent.kernel_code import load_kernel_code
+from infragent.agent.targets.kernel_code import load_kernel_code
 from infragent.lab.criteria import Judgement, judge_interval
 from infragent.lab.spec import Criterion, Spec, load_spec
 from infragent.probes.bench import DECIDE_CONFIDENCE, run_bench
@@ -124,7 +124,7 @@ def gates_argv(spec_path: Path, root: Path, baseline_root: Path, knobs: dict, ba
     """The child's command line."""
     import sys
 
-    return [sys.executable, "-m", "infragent.agent.kernel_gates", str(spec_path), "--root", str(root),
+    return [sys.executable, "-m", "infragent.agent.targets.kernel_gates", str(spec_path), "--root", str(root),
             "--baseline-root", str(baseline_root), "--knobs", json.dumps(knobs),
             "--baseline-knobs", json.dumps(baseline_knobs), "--out", str(out)]
 

@@ -1,0 +1,1 @@
+"""Executors: where trials run when not one after another here (a Ray cluster)."""

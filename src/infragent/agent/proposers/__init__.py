@@ -1,0 +1,1 @@
+"""Proposers: where the next change comes from (search, an LLM, any command)."""
