@@ -3,7 +3,8 @@
     [target]                      kind = "engine" (model = "llama") or kind = "command" with
                                   command = "vllm serve M --port {port} --max-num-seqs {max_num_seqs}",
                                   base_url = "http://127.0.0.1:{port}", ready_url = ".../health" ({port}: a free
-                                  port per launch; {python}: the interpreter running infragent),
+                                  port per launch; {python}: the interpreter running infragent;
+                                  {spec_dir}: the spec's folder),
                                   ready_timeout_s, hang_timeout_s
                                   or kind = "kernel" with candidate, reference, inputs = "FILE.py:function"
                                   (files next to the spec; knobs become keyword arguments of the candidate),
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -332,6 +334,9 @@ def load_spec(path: str | Path) -> Spec:
         where = f":{match.group(1)}" if match else ""
         reason = re.sub(r" \(at line.*", "", str(err))
         raise SpecError(f"{path}{where}: malformed TOML: {reason}") from None
+    command = data.get("target", {}).get("command") if isinstance(data.get("target"), dict) else None
+    if isinstance(command, str):  # {spec_dir}: the spec's folder, for a launcher script kept beside it
+        data["target"]["command"] = command.replace("{spec_dir}", shlex.quote(str(path.resolve().parent)))
     try:
         return Spec.model_validate(data)
     except ValidationError as err:
