@@ -196,3 +196,14 @@ def test_a_knob_that_acts_on_an_unknown_word_is_one_line_naming_the_words(tmp_pa
     said = str(err.value)
     assert "knobs.slots.acts_on" in said and "'batch_size'" in said and "batch_limit" in said, said
     assert len(said.splitlines()) == 1
+
+
+def test_one_thread_always_on_a_core_with_cores_idle_is_a_threads_bottleneck() -> None:
+    from infragent.probes.server_findings import one_busy_thread
+
+    alone = [ThreadReading(1, 2, "engine-loop", cpu_s=1.9), ThreadReading(1, 3, "MainThread", cpu_s=0.2)]
+    found = one_busy_thread(alone, cores=2, elapsed_s=2.0, others_cores=1.1)  # others: the server's 1.05 + 0.05
+    assert found is not None and found.acts_on == ["threads"] and "'engine-loop' was on a core 95%" in found.claim
+    assert one_busy_thread(alone, cores=2, elapsed_s=2.0, others_cores=2.0) is None  # a contended machine
+    spread = [ThreadReading(1, 2, "a", cpu_s=1.9), ThreadReading(1, 3, "b", cpu_s=1.8)]
+    assert one_busy_thread(spread, cores=2, elapsed_s=2.0, others_cores=1.9) is None  # both cores used

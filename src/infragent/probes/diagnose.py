@@ -23,7 +23,7 @@ from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.machine import CpuWatch
 from infragent.probes.loadgen import LoadConfig, LoadRun, discover_model, fresh_seed, prompt_format, run_once
 from infragent.probes.processes import NotTheServer, describe, server_processes
-from infragent.probes.server_findings import (Bottleneck, hot_function, kv_capacity, launch_limit,
+from infragent.probes.server_findings import (Bottleneck, hot_function, kv_capacity, launch_limit, one_busy_thread,
                                               prefill_interference, queueing, serialized, starved, tokenization)
 from infragent.probes.server_metrics import MetricsSeries, MetricsWatch
 from infragent.probes.server_profile import ServerProfile
@@ -101,7 +101,9 @@ def run_diagnose(config: DiagnoseConfig) -> Feedback:
         reading.name = named.get(reading.tid, reading.name)
     limit = launch_limit(_cmdline(pids))
     found = _bottlenecks(run, watch.series, sampling, limit, config.concurrency)
-    found += [b for b in [starved(readings, os.cpu_count() or 1, threads.elapsed_s, others)] if b is not None]
+    cores = os.cpu_count() or 1
+    found += [b for b in [starved(readings, cores, threads.elapsed_s, others),
+                          one_busy_thread(readings, cores, threads.elapsed_s, others)] if b is not None]
     return _feedback(config, model, f"{fmt}: {why}", run, found, blind, watch.series, sampling, readings, pids,
                      profile, time.monotonic() - started)
 

@@ -25,6 +25,8 @@ TOKENIZING_SHARE = 0.15  # of all on-CPU Python samples
 HOT_SHARE = 0.2
 STARVED_SHARE = 0.3  # of a busy thread's runnable time spent waiting for a core
 CONTENDED_CORES = 0.5  # other processes using this much CPU make the machine contended
+BUSY_THREAD = 0.85  # of the watch: a thread on a core this much is the one doing the work
+IDLE_CORES = 0.7  # the server leaving at least this much of the machine unused
 INTERFERENCE_RATIO = 1.5
 # launch flags that set the running-batch limit, by stack
 BATCH_LIMIT_FLAGS = ("--max-num-seqs", "--max-running-requests", "--parallel", "-np", "--max-batch-size",
@@ -233,3 +235,23 @@ def starved(threads: list[ThreadReading], cores: int, elapsed_s: float,
     return Bottleneck("starved threads", f"starved for CPU: {len(hungry)} busy threads of the server waited for a "
                       f"core, {share}", evidence, ["threads"],
                       "fewer threads per process (or processes) than cores")
+
+
+def one_busy_thread(threads: list[ThreadReading], cores: int, elapsed_s: float,
+                    others_cores: float | None) -> Bottleneck | None:
+    """Under a load that keeps it busy, the server's work on one thread that is always on a core while other
+    cores sit idle (nobody else uses them): the model's work is not spread over the machine."""
+    if cores < 2 or elapsed_s <= 0 or not threads:
+        return None
+    busiest = max(threads, key=lambda t: t.cpu_s)
+    share = busiest.cpu_s / elapsed_s
+    server_cores = sum(t.cpu_s for t in threads) / elapsed_s
+    outside = None if others_cores is None else max(0.0, others_cores - server_cores)
+    if share < BUSY_THREAD or server_cores > cores - IDLE_CORES or outside is None or outside >= CONTENDED_CORES:
+        return None
+    return Bottleneck("one busy thread", f"CPU-bound on one thread: '{busiest.name}' was on a core {share:.0%} of "
+                      f"the time while the server used {server_cores:.1f} of {cores} cores",
+                      [f"/proc: '{busiest.name}' (tid {busiest.tid}) ran {busiest.cpu_s:.2f} s of {elapsed_s:.2f} s; "
+                       f"the server's threads together {server_cores * elapsed_s:.2f} s; other processes "
+                       f"{outside:.2f} cores"], ["threads"],
+                      "more threads for the model's work (--threads, n_threads, OMP_NUM_THREADS)")
