@@ -57,8 +57,22 @@ class DiagnoseError(RuntimeError):
     """Bad input: one line saying what is wrong and what to do."""
 
 
+@dataclass
+class Observed:
+    """What one watched load saw of the server."""
+
+    run: LoadRun
+    series: MetricsSeries
+    readings: list[ThreadReading]
+    elapsed_s: float
+    others_cores: float | None  # CPU every process but this one used meanwhile (the server's included)
+    sampling: StackSampling | None
+    blind: list[str]
+
+
 def run_diagnose(config: DiagnoseConfig) -> Feedback:
     """Drive the load, read the server meanwhile, and answer with its bottlenecks and what could not be seen."""
+    started = time.monotonic()
     load = LoadConfig(config.base_url, model=config.model, endpoint=config.endpoint,
                       num_prompts=max(64, config.concurrency * 40), max_concurrency=config.concurrency,
                       random_input_len=config.input_len, random_output_len=config.output_len, warmup=1,
@@ -70,42 +84,38 @@ def run_diagnose(config: DiagnoseConfig) -> Feedback:
         raise DiagnoseError(str(err)) from None
     fmt, why, _ = prompt_format(load, model)
     load = replace(load, prompt_format=fmt)
-    blind: list[str] = []
-    if not pids:
-        blind.append(f"the server's processes ({config.base_url} is not on this machine, or its listener is not "
-                     "visible to this user; pass --pid): no thread states or stacks")
-    work = Path(tempfile.mkdtemp(prefix="infragent-diagnose-"))
+    seen = _observe(config, load, model, pids)
     profile = ServerProfile(config.base_url, config.profile_dir, config.api_key)
-    spy, note = (None, "py-spy disabled") if not (config.pyspy and pids) else \
-        start_pyspy(pids[0], config.seconds, work / "pyspy.json")
-    started = time.monotonic()
-    cpu = CpuWatch()
-    with MetricsWatch(config.base_url, config.api_key) as watch, ThreadWatch(pids) as threads:
-        run = asyncio.run(run_once(load, model, load.seed, config.seconds))
-    others = cpu.others_cores()
     profile.start()  # after the measured load: a profiler's own cost (its export stalls a server) stays out of it
     if profile.active:
         asyncio.run(run_once(load, model, load.seed + 1, PROFILE_S))
         profile.stop()
-    sampling = finish_pyspy(spy, work / "pyspy.json", pids[0]) if spy is not None else None
-    if sampling is None and pids and note:
-        blind.append(note)
-    elif sampling is not None and sampling.note:
-        blind.append(sampling.note)
+    seen.blind.extend(profile.notes)
+    found = _bottlenecks(seen, launch_limit(_cmdline(pids)), config.concurrency)
+    return _feedback(config, model, f"{fmt}: {why}", seen, found, pids, profile, time.monotonic() - started)
+
+
+def _observe(config: DiagnoseConfig, load: LoadConfig, model: str, pids: list[int]) -> Observed:
+    """The load run while the server's metrics, threads and (py-spy) stacks are read."""
+    blind = [] if pids else [f"the server's processes ({config.base_url} is not on this machine, or its listener "
+                             "is not visible to this user; pass --pid): no thread states or stacks"]
+    out = Path(tempfile.mkdtemp(prefix="infragent-diagnose-")) / "pyspy.json"
+    spy, note = (None, None) if not (config.pyspy and pids) else start_pyspy(pids[0], config.seconds, out)
+    if pids and not config.pyspy:
+        note = "Python stacks (py-spy was turned off)"
+    cpu = CpuWatch()
+    with MetricsWatch(config.base_url, config.api_key) as watch, ThreadWatch(pids) as threads:
+        run = asyncio.run(run_once(load, model, load.seed, config.seconds))
+    others = cpu.others_cores()
+    sampling = finish_pyspy(spy, out, pids[0]) if spy is not None else None
+    blind += [n for n in (note, sampling.note if sampling else None) if n]
     if watch.series.missing and not watch.series.scrapes:
         blind.append(watch.series.missing)
-    blind.extend(profile.notes)
     readings = threads.readings()
     named = {t.tid: t.name for t in (sampling.threads if sampling else []) if t.name}
     for reading in readings:  # the kernel knows Python threads by the process's name; py-spy by theirs
         reading.name = named.get(reading.tid, reading.name)
-    limit = launch_limit(_cmdline(pids))
-    found = _bottlenecks(run, watch.series, sampling, limit, config.concurrency)
-    cores = os.cpu_count() or 1
-    found += [b for b in [starved(readings, cores, threads.elapsed_s, others),
-                          one_busy_thread(readings, cores, threads.elapsed_s, others)] if b is not None]
-    return _feedback(config, model, f"{fmt}: {why}", run, found, blind, watch.series, sampling, readings, pids,
-                     profile, time.monotonic() - started)
+    return Observed(run, watch.series, readings, threads.elapsed_s, others, sampling, blind)
 
 
 def _reachable(load: LoadConfig) -> str:
@@ -130,20 +140,22 @@ def _cmdline(pids: list[int]) -> list[str]:
     return []
 
 
-def _bottlenecks(run: LoadRun, series: MetricsSeries, sampling: StackSampling | None, limit: tuple[str, int] | None,
-                 offered: int) -> list[Bottleneck]:
-    records = run.records
+def _bottlenecks(seen: Observed, limit: tuple[str, int] | None, offered: int) -> list[Bottleneck]:
+    series, sampling, records = seen.series, seen.sampling, seen.run.records
+    cores = os.cpu_count() or 1
     tokenizing = tokenization(sampling, sum(r.success and not r.warmup for r in records))
     rules = [queueing(series, limit, offered) if series.scrapes else None,
              kv_capacity(series) if series.scrapes else None,
              serialized(records, offered), prefill_interference(records), tokenizing,
+             starved(seen.readings, cores, seen.elapsed_s, seen.others_cores),
+             one_busy_thread(seen.readings, cores, seen.elapsed_s, seen.others_cores),
              hot_function(sampling, skip_tokenization=tokenizing is not None)]
     return [b for b in rules if b is not None]
 
 
-def _feedback(config: DiagnoseConfig, model: str, prompts: str, run: LoadRun, found: list[Bottleneck],
-              blind: list[str], series: MetricsSeries, sampling: StackSampling | None,
-              readings: list[ThreadReading], pids: list[int], profile: ServerProfile, wall_s: float) -> Feedback:
+def _feedback(config: DiagnoseConfig, model: str, prompts: str, seen: Observed, found: list[Bottleneck],
+              pids: list[int], profile: ServerProfile, wall_s: float) -> Feedback:
+    run, series, sampling, readings, blind = seen.run, seen.series, seen.sampling, seen.readings, seen.blind
     m = run.metrics
     numbers = {"output_throughput": Measure(m.output_throughput, "tok/s", n=m.completed),
                "ttft_median_ms": Measure(m.ttft_ms.median, "ms"), "tpot_median_ms": Measure(m.tpot_ms.median, "ms"),
