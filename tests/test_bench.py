@@ -67,7 +67,10 @@ def test_a_over_a_finds_no_change_and_reports_the_noise_floor():
     alone = run_bench(bench_cases.work, config=BenchConfig(budget_s=2.0))
     assert "noise floor" in alone.finding
     floor = alone.numbers["min_detectable_effect"].value
-    assert floor > 0 and floor == floor  # a measured width, not a placeholder (its size: benchmarks/)
+    if floor != floor:  # a busy machine left too few (long) pairs for an interval: said, never shown as ±0
+        assert alone.details["outcome"] == "contended" and "noise floor unknown" in alone.finding, alone.finding
+    else:
+        assert floor > 0  # a measured width, not a placeholder (its size: benchmarks/)
 
 
 def test_raw_samples_are_kept_and_hashed():

@@ -45,6 +45,7 @@ from infragent.probes.workload_libraries import libraries
 
 DECIDE_CONFIDENCE = 0.99
 METRICS = ("time", "return")
+FLOOR_PAIRS = 3  # pairs an interval (and so a noise floor) needs at all
 FEW_PAIRS = 4  # below min_pairs and at the budget: a t interval of log ratios needs at least this many
 SAME_TIME = 0.05  # wall times within 5% of each other ...
 OTHER_WORK = 0.25  # ... while the returned values differ by more than 25%: a fixed-duration loop
@@ -396,7 +397,8 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
     # measured on a busy machine without the A/A pairs to widen it by: a raw interval nobody should judge
     details["ratio_trusted"] = not (result.contended and result.ratio is None)
     a_time, b_time = bootstrap_median(result.a_ns), bootstrap_median(result.b_ns)
-    half_width = (ratio.hi - ratio.lo) / 2
+    # one or two pairs (a busy machine's long samples) give no interval: its width is unknown, not zero
+    half_width = (ratio.hi - ratio.lo) / 2 if ratio.n >= FLOOR_PAIRS and ratio.hi > ratio.lo else math.nan
     numbers = {
         f"time[{a_name}]": Measure(a_time.median / 1e3, f"µs {per}", a_time.lo / 1e3, a_time.hi / 1e3, a_time.n),
         "ratio": Measure(ratio.center, f"× (B/A time {per}, {result.confidence:.0%} CI)", ratio.lo, ratio.hi, ratio.n),
@@ -415,8 +417,9 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
     next_probes = []
     if aa:
         verdict = "pass" if result.outcome == "no_change" else "inconclusive"
-        finding = (f"{a_name}: {a_time.median / 1e3:.4g} µs {per}; noise floor ±{half_width * 100:.2f}% "
-                   f"(A/A {result.outcome.replace('_', ' ')})")
+        floor = (f"noise floor ±{half_width * 100:.2f}%" if half_width == half_width else
+                 f"noise floor unknown ({ratio.n} pairs: too few for an interval)")
+        finding = f"{a_name}: {a_time.median / 1e3:.4g} µs {per}; {floor} (A/A {result.outcome.replace('_', ' ')})"
     else:
         verdict = {"faster": "pass", "slower": "fail"}.get(result.outcome, "inconclusive")
         interval = f"x{ratio.center:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}]"
@@ -431,7 +434,8 @@ def _feedback(result: BenchResult, a_name: str, b_name: str, aa: bool, case: Cas
                    "no_change": f"no detectable change: {interval} lies within the ±{config.equivalence * 100:.0f}% "
                                 "equivalence band",
                    "undecided": f"undecided: ratio {ratio.center:.3f}, smallest detectable effect "
-                                f"±{half_width * 100:.1f}%",
+                                + (f"±{half_width * 100:.1f}%" if half_width == half_width else
+                                   f"unknown ({ratio.n} pairs)"),
                    "contended": f"ratio x{ratio.center:.3f} (not trusted)"}[result.outcome]
     if result.budget_hit:
         verdict, finding = "inconclusive", f"inconclusive: budget: {finding}; {_budget_note(result, config)}"
