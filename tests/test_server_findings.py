@@ -88,6 +88,12 @@ def test_a_queue_behind_a_held_batch_is_a_cap_and_a_blip_is_not() -> None:
     below = _series([{"running": r, "waiting": 5, "kv_usage": 0.2} for r in (3, 5, 4, 6) * 5])
     held_back = queueing(below, ("--max-num-seqs", 32), offered=16)
     assert held_back is not None and held_back.acts_on == ["prefill_chunk", "kv_capacity"]
+    assert "below its limit (--max-num-seqs 32)" in held_back.claim
+    unknown_limit = queueing(below, None, offered=16)  # no flag: a batch that keeps moving is not held at a cap
+    assert unknown_limit is not None and "below its own peak of 6" in unknown_limit.claim
+    churn = _series([{"running": r, "waiting": 6, "kv_usage": 0.1} for r in (2, 2, 1, 2, 1, 2) * 4])
+    at_flag = queueing(churn, ("--max-num-seqs", 2), offered=8)  # turnover between steps, at the launch limit
+    assert at_flag is not None and at_flag.kind == "queueing at the batch limit"
     full = _series([{"running": 3, "waiting": 5, "kv_usage": 0.98, "preemptions": float(i)} for i in range(20)])
     assert queueing(full, None, offered=8) is None  # the KV rule speaks for that queue
     kv = kv_capacity(full)
@@ -207,3 +213,13 @@ def test_one_thread_always_on_a_core_with_cores_idle_is_a_threads_bottleneck() -
     assert one_busy_thread(alone, cores=2, elapsed_s=2.0, others_cores=2.0) is None  # a contended machine
     spread = [ThreadReading(1, 2, "a", cpu_s=1.9), ThreadReading(1, 3, "b", cpu_s=1.8)]
     assert one_busy_thread(spread, cores=2, elapsed_s=2.0, others_cores=1.9) is None  # both cores used
+
+
+def test_requests_turned_away_are_an_admission_bound_and_a_few_are_not() -> None:
+    from infragent.probes.server_findings import refused
+
+    served = [_record(i, 0.0, 0.05, [0.05] * 4) for i in range(10)]
+    away = [RequestRecord(20 + i, 64, 8, error='HTTP 429: {"error": {"message": "queue full"}}') for i in range(5)]
+    found = refused(served + away)
+    assert found is not None and "refused 5 of 15" in found.claim and "HTTP 429" in found.evidence[0]
+    assert refused(served + away[:0]) is None

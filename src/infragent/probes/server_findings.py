@@ -20,6 +20,7 @@ from infragent.probes.server_threads import ThreadReading
 QUEUED_SHARE = 0.3  # of the readings taken while requests ran: waiting > 0 this often is a queue, not a blip
 QUEUE_DEPTH = 0.2  # of the offered concurrency: a median queue at least this deep (and at least 2)
 PINNED_SHARE = 0.7  # of the queued readings: the running batch at its ceiling this often is a cap
+PINNED_AT_LIMIT = 0.5  # ... or this often when that ceiling is the limit the launch line sets
 KV_FULL = 0.9
 TOKENIZING_SHARE = 0.15  # of all on-CPU Python samples
 HOT_SHARE = 0.2
@@ -28,6 +29,7 @@ CONTENDED_CORES = 0.5  # other processes using this much CPU make the machine co
 BUSY_THREAD = 0.85  # of the watch: a thread on a core this much is the one doing the work
 IDLE_CORES = 0.7  # the server leaving at least this much of the machine unused
 INTERFERENCE_RATIO = 1.5
+REFUSED_SHARE = 0.05  # of the measured requests answered 429/503
 # launch flags that set the running-batch limit, by stack
 BATCH_LIMIT_FLAGS = ("--max-num-seqs", "--max-running-requests", "--parallel", "-np", "--max-batch-size",
                      "--max_concurrent_requests")
@@ -81,21 +83,21 @@ def queueing(series: MetricsSeries, limit: tuple[str, int] | None, offered: int 
                 f"(median {waited:g} waiting){kv_text}"]
     if offered:
         evidence.append(f"the load offered {offered} concurrent requests")
-    set_by = f" ({limit[0]} {limit[1]} on the launch line)" if limit and limit[1] == ceiling else ""
-    if pinned >= PINNED_SHARE and (limit is None or limit[1] <= ceiling):
+    reached = limit is not None and ceiling >= limit[1]
+    set_by = f" ({limit[0]} {limit[1]} on the launch line)" if reached else ""
+    if pinned >= (PINNED_AT_LIMIT if reached else PINNED_SHARE) and (limit is None or reached):
         evidence.append(f"the running batch sat at {ceiling:g}{set_by} in {pinned:.0%} of those readings")
         return Bottleneck("queueing at the batch limit",
                           f"queueing-bound: requests wait while the running batch is held at {ceiling:g}{set_by}",
                           evidence, ["batch_limit"],
                           "raise the running-batch limit (max_num_seqs / max-running-requests / parallel slots)")
-    if limit is not None and ceiling < limit[1]:
-        evidence.append(f"the running batch peaked at {ceiling:g}, below its limit {limit[0]} {limit[1]}")
-        return Bottleneck("queueing below the batch limit",
-                          f"queueing-bound: requests wait while the running batch ({ceiling:g}) is below its "
-                          f"limit ({limit[1]}); admission is held back by something else",
-                          evidence, ["prefill_chunk", "kv_capacity"],
-                          "raise the tokens per step (max_num_batched_tokens) or the KV cache")
-    return None
+    below = f"its limit ({limit[0]} {limit[1]})" if limit is not None else f"its own peak of {ceiling:g}"
+    evidence.append(f"the running batch was below {below} in {1 - pinned:.0%} of those readings")
+    return Bottleneck("queueing below the batch limit",
+                      f"queueing-bound: requests wait while the running batch stays below {below}; admission is "
+                      "held back by something else (the tokens per step, or KV blocks)",
+                      evidence, ["prefill_chunk", "kv_capacity"],
+                      "raise the tokens per step (max_num_batched_tokens) or the KV cache")
 
 
 def kv_capacity(series: MetricsSeries) -> Bottleneck | None:
@@ -143,6 +145,18 @@ def _most_overlapping(windows: list[tuple[float, float]]) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+def refused(records: list[RequestRecord]) -> Bottleneck | None:
+    """Requests the server turned away under the load (429: its queue is full; 503: it is overloaded)."""
+    measured = [r for r in records if not r.warmup]
+    turned = [r for r in measured if re.match(r"HTTP (429|503)\b", r.error or "")]
+    if not turned or len(turned) < REFUSED_SHARE * len(measured):
+        return None
+    first = turned[0].error.splitlines()[0][:160]
+    return Bottleneck("refused requests", f"admission-bound: the server refused {len(turned)} of {len(measured)} "
+                      "requests under this load", [f"client records: {first}"], ["batch_limit"],
+                      "a longer waiting queue (--max-waiting, max-queue) or more requests served at once")
 
 
 def prefill_interference(records: list[RequestRecord]) -> Bottleneck | None:
