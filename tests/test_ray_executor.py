@@ -114,17 +114,21 @@ def _optimize_argv(spec: Path, ledger: Path, address: str, *more: str) -> list[s
 def test_a_killed_driver_resumes_and_runs_no_finished_trial_twice(cluster, tmp_path: Path) -> None:
     spec, path = ray_spec(tmp_path), tmp_path / "ledger.sqlite"
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    driver = subprocess.Popen(_optimize_argv(spec, path, cluster[0].address), env=env, cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    output = tmp_path / "driver.log"
+    with output.open("w") as log:
+        driver = subprocess.Popen(_optimize_argv(spec, path, cluster[0].address), env=env, cwd=tmp_path,
+                                  stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600  # a busy machine: the first trial can take minutes; this is not a timing
     before: list[dict] = []
-    while time.monotonic() < deadline and not before:
+    while time.monotonic() < deadline and not before and driver.poll() is None:
         time.sleep(1.0)
         if path.exists():
             before = Ledger(path).candidates(1)
+    exited = driver.poll()
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
-    assert before, "no trial finished before the kill"
+    state = "was still running" if exited is None else f"exited {exited}"
+    assert before, f"no trial finished before the kill (the driver {state}):\n" + output.read_text()[-3000:]
     assert _no_targets_left(60), "the trials in flight left their targets running"
     done = subprocess.run(_optimize_argv(spec, path, cluster[0].address, "--resume", "1"), env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
