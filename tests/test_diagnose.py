@@ -108,3 +108,18 @@ def test_a_server_without_metrics_or_profile_endpoints_says_what_it_could_not_se
     blind = " | ".join(fb.details["could_not_see"])
     assert "no /metrics" in blind and "no profile endpoints" in blind, blind
     assert fb.locality["metrics"] == "none" and fb.numbers["output_throughput"].value > 0
+
+
+def test_a_server_that_dies_under_the_load_is_one_line_naming_its_process(tmp_path) -> None:
+    import signal
+    import threading
+
+    with process_server("--max-model-len", "1024", "--kv-cache-gb", "0.1") as (url, proc):
+        threading.Timer(4.0, lambda: os.kill(proc.pid, signal.SIGKILL)).start()
+        try:
+            fb = run_diagnose(DiagnoseConfig(url, seconds=12, concurrency=4, input_len=32, output_len=64))
+        except DiagnoseError as err:  # it died before the measured requests: one line, no traceback
+            assert f"its process {proc.pid} is gone" in str(err), str(err)
+        else:
+            assert fb.verdict == "fail", fb.render()
+            assert fb.finding.startswith(f"the server went away during the load: its process {proc.pid} is gone")

@@ -22,7 +22,7 @@ from infragent.probes.artifacts import save_json
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.machine import CpuWatch
 from infragent.probes.loadgen import LoadConfig, LoadRun, discover_model, fresh_seed, prompt_format, run_once
-from infragent.probes.processes import NotTheServer, describe, server_processes
+from infragent.probes.processes import NotTheServer, alive, describe, server_processes
 from infragent.probes.server_findings import (Bottleneck, hot_function, kv_capacity, launch_limit, one_busy_thread,
                                               prefill_interference, queueing, refused, serialized, starved,
                                               tokenization)
@@ -85,7 +85,13 @@ def run_diagnose(config: DiagnoseConfig) -> Feedback:
         raise DiagnoseError(str(err)) from None
     fmt, why, _ = prompt_format(load, model)
     load = replace(load, prompt_format=fmt)
-    seen = _observe(config, load, model, pids)
+    try:
+        seen = _observe(config, load, model, pids)
+    except OSError as err:  # connection refused or reset: the server went away under the load
+        gone = [pid for pid in pids if not alive(pid)]
+        state = f"; its process {gone[0]} is gone (it crashed or was stopped: see its log)" if gone else ""
+        raise DiagnoseError(f"--base-url {config.base_url}: the server stopped answering during the load "
+                            f"({type(err).__name__}: {err}){state}") from None
     profile = ServerProfile(config.base_url, config.profile_dir, config.api_key)
     profile.start()  # after the measured load: a profiler's own cost (its export stalls a server) stays out of it
     if profile.active:
@@ -175,6 +181,10 @@ def _feedback(config: DiagnoseConfig, model: str, prompts: str, seen: Observed, 
         finding = f"no bottleneck stood out ({load_line})"
     if failed and m.completed:
         finding += f"; {len(failed)} requests failed ({failed[0].error})"
+    gone = [pid for pid in pids if not alive(pid)]
+    if gone:  # what the rules read was cut short: say first that the server went away
+        verdict, finding = "fail", (f"the server went away during the load: its process {gone[0]} is gone (it "
+                                    f"crashed or was stopped: see its log); {finding}")
     if profile.reading:
         finding += f"; its profile: {profile.reading['headline']}"
     if blind:

@@ -40,6 +40,14 @@ def group_of(pid: int) -> int | None:
         return None
 
 
+def alive(pid: int) -> bool:
+    """Whether a process still runs (a zombie waiting for its parent to read its exit status does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def group_members(pgid: int) -> list[int]:
     """The live pids of a process group, lowest first."""
     members = []

@@ -21,6 +21,7 @@ QUEUED_SHARE = 0.3  # of the readings taken while requests ran: waiting > 0 this
 QUEUE_DEPTH = 0.2  # of the offered concurrency: a median queue at least this deep (and at least 2)
 PINNED_SHARE = 0.7  # of the queued readings: the running batch at its ceiling this often is a cap
 PINNED_AT_LIMIT = 0.5  # ... or this often when that ceiling is the limit the launch line sets
+HELD_BACK = 0.5  # below a limit: the running batch holds at most this share of the offered requests
 KV_FULL = 0.9
 TOKENIZING_SHARE = 0.15  # of all on-CPU Python samples
 HOT_SHARE = 0.2
@@ -91,6 +92,8 @@ def queueing(series: MetricsSeries, limit: tuple[str, int] | None, offered: int 
                           f"queueing-bound: requests wait while the running batch is held at {ceiling:g}{set_by}",
                           evidence, ["batch_limit"],
                           "raise the running-batch limit (max_num_seqs / max-running-requests / parallel slots)")
+    if offered and statistics.median(running) > HELD_BACK * offered:
+        return None  # most of what was offered runs: a queue of a few between steps on a busy machine
     below = f"its limit ({limit[0]} {limit[1]})" if limit is not None else f"its own peak of {ceiling:g}"
     evidence.append(f"the running batch was below {below} in {1 - pinned:.0%} of those readings")
     return Bottleneck("queueing below the batch limit",
