@@ -305,3 +305,17 @@ def test_a_command_target_is_diagnosed_from_outside_and_the_search_turns_the_kno
     assert any(line.startswith("searching max_num_seqs (") for line in lines), lines
     first = outcome.trials[0]["knobs"]
     assert first["max_num_seqs"] > 1 and first["max_num_batched_tokens"] == 512, outcome.trials
+
+
+def test_the_packs_commands_name_the_interpreter_and_their_own_folder() -> None:
+    from infragent.lab.spec import PACKS, load_spec
+    from infragent.lab.target import launch_command
+
+    spec = load_spec(PACKS / "llamacpp-server" / "spec.toml")
+    assert str(PACKS / "llamacpp-server") in spec.target.command and "{spec_dir}" not in spec.target.command
+    argv, url, ready = launch_command(spec.target, {n: k.default for n, k in spec.knobs.items()})
+    assert argv[0] == sys.executable and argv[1].endswith("llamacpp-server/llamacpp_server.py")
+    assert "--interrupt_requests" in argv and ready.startswith(url)
+    served = load_spec(PACKS / "serve-command" / "spec.toml")
+    argv, _, _ = launch_command(served.target, {n: k.default for n, k in served.knobs.items()})
+    assert argv[:3] == [sys.executable, "-m", "infragent.cli"] and "--max-num-seqs" in argv
