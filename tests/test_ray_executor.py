@@ -127,7 +127,8 @@ def test_a_killed_driver_resumes_and_runs_no_finished_trial_twice(cluster, tmp_p
     exited = driver.poll()
     if not before and path.exists():  # it may have finished a trial (or all) just before it exited
         before = Ledger(path).candidates(1)
-    os.kill(driver.pid, signal.SIGKILL)
+    if exited is None:
+        os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     state = "was still running" if exited is None else f"exited {exited}"
     assert before, f"no trial finished before the kill (the driver {state}):\n" + output.read_text()[-3000:]
