@@ -94,10 +94,11 @@ def server_processes(base_url: str, pid: int | None = None, pgid: int | None = N
                                "server's URL?")
         return tree(pid) if pid is not None else group_members(pgid)
     if pid is not None:
-        if pid != owner and pid not in tree(owner):
+        served = tree(owner)
+        if pid not in served:
             raise NotTheServer(f"{asked}: {describe(pid)} does not serve port {port}; {describe(owner)} listens "
                                f"there: pass --pid {owner}")
-        return tree(owner)
+        return served
     if group_of(owner) != pgid:
         raise NotTheServer(f"{asked}: group {pgid} does not serve port {port}; {describe(owner)} listens there "
                            f"(group {group_of(owner)}): pass --pgid {group_of(owner)}")

@@ -37,8 +37,7 @@ class ServerProfile:
                               "profile endpoints; vLLM and SGLang have them with their profiler directory set)")
             return
         if answer.status_code >= 400:
-            self.notes.append(f"a profile (POST /start_profile answered {answer.status_code}: "
-                              f"{answer.text.strip()[:160]})")
+            self.notes.append(f"a profile (POST /start_profile answered {answer.status_code}: {_reason(answer)})")
             return
         self._started_at = time.time()
 
@@ -102,3 +101,11 @@ def _named(answer: httpx.Response) -> list[str]:
         return []
     traces = body.get("traces") if isinstance(body, dict) else None
     return [str(t) for t in traces if Path(str(t)).is_file()] if isinstance(traces, list) else []
+
+
+def _reason(answer: httpx.Response) -> str:
+    """The error's message where the body is OpenAI-shaped JSON, else its first 160 characters."""
+    try:
+        return str(answer.json()["error"]["message"])[:160]
+    except (ValueError, KeyError, TypeError):
+        return answer.text.strip()[:160]
