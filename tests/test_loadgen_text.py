@@ -28,6 +28,7 @@ def test_a_text_only_server_gets_text_prompts_of_the_asked_length_and_its_output
     assert fb.locality["prompts"].startswith("text: the server refused a token-id prompt (HTTP 422")
     measured = [r for r in _records(fb) if not r["warmup"]]
     assert all(r["success"] and r["output_counted"] == "text" and r["output_tokens"] >= 1 for r in measured)
+    assert all(r["finish_reason"] in ("length", "stop") for r in measured)  # how each stream said it ended
     assert all(39 <= r["prompt_len"] <= 41 for r in measured)  # within 2% (at least one token) of 40
     assert fb.numbers["output_throughput"].value > 0
     assert forced.verdict == "fail"

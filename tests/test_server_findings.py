@@ -223,3 +223,30 @@ def test_requests_turned_away_are_an_admission_bound_and_a_few_are_not() -> None
     found = refused(served + away)
     assert found is not None and "refused 5 of 15" in found.claim and "HTTP 429" in found.evidence[0]
     assert refused(served + away[:0]) is None
+
+
+def _ended(i: int, got: int, reason: str, asked: int = 64) -> RequestRecord:
+    return RequestRecord(i, 256, asked, start_s=0.1 * i, success=True, ttft_s=0.5, latency_s=0.5 + 0.02 * got,
+                         itl_s=[0.02] * (got - 1), output_tokens=got, finish_reason=reason)
+
+
+def test_requests_ended_far_short_of_their_tokens_are_named_by_how_they_ended() -> None:
+    from infragent.probes.server_findings import cut_short
+
+    full = [_ended(i, 64, "length") for i in range(6)]
+    interrupted = full[:2] + [_ended(10 + i, 1, "") for i in range(8)]  # a new request interrupts the stream
+    found = cut_short(interrupted)
+    assert found is not None and found.acts_on == ["batch_limit"] and "8 of 10" in found.claim
+    assert "median 1 of the 64 tokens" in found.evidence[0] and "8 without a finish_reason" in found.evidence[0]
+    at_context = cut_short(full[:2] + [_ended(20 + i, 9, "length") for i in range(5)])
+    assert at_context is not None and at_context.acts_on == ["kv_capacity"]
+    by_model = cut_short(full[:2] + [_ended(30 + i, 12, "stop") for i in range(5)])
+    assert by_model is not None and not by_model.acts_on and "ignore_eos" in by_model.claim
+    assert cut_short(full) is None
+    assert cut_short(full + [_ended(40, 1, "")]) is None  # one short request among seven is a blip
+
+
+def test_a_thread_that_barely_ran_is_not_starved_whatever_its_wait() -> None:
+    woke = [ThreadReading(1, 1, "MainThread", cpu_s=0.12, runqueue_s=0.06),  # 32% of its runnable time
+            ThreadReading(1, 2, "worker", cpu_s=8.6, runqueue_s=0.28)]
+    assert starved(woke, cores=2, elapsed_s=15.0, others_cores=1.7) is None

@@ -39,6 +39,7 @@ class RequestRecord:
     output_digest: str = ""  # a hash of the generated text (greedy runs of two servers should match)
     output_counted: str = ""  # where output_tokens came from: "usage" (the server's), "text" (re-tokenized)
     output_text: str = ""  # the text, kept only until it is counted when the server gave no usage
+    finish_reason: str = ""  # the stream's last finish_reason ("" when it ended without one: cut off)
 
     @property
     def tpot_s(self) -> float:

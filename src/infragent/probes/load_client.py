@@ -120,6 +120,7 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
                         record.itl_s.append(now - last_token)
                     last_token = now
                 last = now  # the latency runs to the last chunk with choices, as vLLM's
+                record.finish_reason = choice.get("finish_reason") or record.finish_reason
                 output.update(piece.encode())
                 pieces.append(piece)
                 if on_text is not None:

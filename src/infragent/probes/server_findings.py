@@ -31,6 +31,9 @@ BUSY_THREAD = 0.85  # of the watch: a thread on a core this much is the one doin
 IDLE_CORES = 0.7  # the server leaving at least this much of the machine unused
 INTERFERENCE_RATIO = 1.5
 REFUSED_SHARE = 0.05  # of the measured requests answered 429/503
+CUT_SHORT = 0.5  # a request that got less than this share of the tokens it asked for was cut short ...
+CUT_SHARE = 0.3  # ... and this share of the measured requests cut short is the server's doing, not a blip
+BUSY_CPU = 0.05  # of the watch: a thread on a core less than this is not one of the server's busy threads
 # launch flags that set the running-batch limit, by stack
 BATCH_LIMIT_FLAGS = ("--max-num-seqs", "--max-running-requests", "--parallel", "-np", "--max-batch-size",
                      "--max_concurrent_requests")
@@ -123,6 +126,40 @@ def kv_capacity(series: MetricsSeries) -> Bottleneck | None:
                       + (" and requests are preempted" if preempted else ""), evidence, ["kv_capacity"],
                       "give the KV cache more memory (kv-cache-gb / gpu-memory-utilization), shorter contexts, "
                       "or a smaller KV dtype")
+
+
+def cut_short(records: list[RequestRecord]) -> Bottleneck | None:
+    """Requests that succeeded with far fewer tokens than they asked for: ended by the server without a finish
+    reason (a new request interrupting it), at its context length, or by the model where the server ignores
+    ignore_eos (then the load is shorter than asked, which the figures must say)."""
+    done = [r for r in records if r.success and not r.warmup and r.output_len > 1]
+    short = [r for r in done if r.output_tokens < CUT_SHORT * r.output_len]
+    if len(done) < 4 or len(short) < CUT_SHARE * len(done):
+        return None
+    asked = statistics.median(r.output_len for r in short)
+    got = statistics.median(r.output_tokens for r in short)
+    reasons = {reason: sum((r.finish_reason or "none") == reason for r in short)
+               for reason in dict.fromkeys((r.finish_reason or "none") for r in short)}
+    said = ", ".join(f"{n} {'without a finish_reason' if k == 'none' else f'finish_reason={k!r}'}"
+                     for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    evidence = [f"client records: {len(short)} of {len(done)} requests got a median {got:g} of the {asked:g} "
+                f"tokens they asked for ({said})"]
+    cause = max(reasons, key=reasons.get)
+    if cause == "stop":
+        return Bottleneck("cut short by the model", f"shorter than asked: {len(short)} of {len(done)} requests "
+                          f"ended at the model's end-of-text after a median {got:g} of {asked:g} tokens (the "
+                          "server ignores ignore_eos): the load measured is shorter than the one asked for",
+                          evidence, [], "compare figures only at equal output lengths, or use a server that "
+                          "honours ignore_eos")
+    if cause == "length":
+        return Bottleneck("cut short at the context", f"cut short at the context: {len(short)} of {len(done)} "
+                          f"requests stopped at length after a median {got:g} of {asked:g} tokens", evidence,
+                          ["kv_capacity"], "a longer context per request (n_ctx / max-model-len / context per slot)")
+    return Bottleneck("cut short", f"cut short: {len(short)} of {len(done)} requests ended after a median {got:g} "
+                      f"of the {asked:g} tokens asked, without a finish_reason: the server stopped them (a new "
+                      "request interrupting the one it serves, or a server that serves one at a time)", evidence,
+                      ["batch_limit"], "serve requests side by side, or queue them instead of interrupting "
+                      "(parallel slots, interrupt_requests false)")
 
 
 def serialized(records: list[RequestRecord], offered: int | None) -> Bottleneck | None:
@@ -226,17 +263,20 @@ def hot_function(sampling: StackSampling | None, skip_tokenization: bool) -> Bot
     function, n = max(counts.items(), key=lambda kv: kv[1])
     if n < HOT_SHARE * sampling.total() or (skip_tokenization and TOKENIZATION.search(function)):
         return None
-    return Bottleneck("hot function", f"hot Python function: {function} is {n / sampling.total():.0%} of the "
-                      "server's on-CPU samples", [f"py-spy: {n} of {sampling.total()} samples"], [], "")
+    return Bottleneck("hot function", f"hot function: {function} is {n / sampling.total():.0%} of the server's "
+                      "on-CPU samples", [f"py-spy: {n} of {sampling.total()} samples (Python frames: native code a "
+                                         "function calls counts under it)"], [], "")
 
 
 def starved(threads: list[ThreadReading], cores: int, elapsed_s: float,
             others_cores: float | None) -> Bottleneck | None:
     """Busy threads that spent a large share of their runnable time waiting for a core: the server's own
     threads beyond the cores (a threads knob acts), or other processes on the machine (none does)."""
-    busy = [t for t in threads if t.cpu_s + t.runqueue_s > 0.05]
+    if elapsed_s <= 0:
+        return None
+    busy = [t for t in threads if t.cpu_s >= BUSY_CPU * elapsed_s]  # a thread waking now and then is not starved
     hungry = [t for t in busy if t.runqueue_s / (t.cpu_s + t.runqueue_s) >= STARVED_SHARE]
-    if not hungry or elapsed_s <= 0:
+    if not hungry:
         return None
     worst = max(hungry, key=lambda t: t.runqueue_s)
     server_cores = sum(t.cpu_s for t in threads) / elapsed_s
@@ -249,8 +289,8 @@ def starved(threads: list[ThreadReading], cores: int, elapsed_s: float,
         return Bottleneck("contended machine", f"contended by other processes: the server's threads waited for a "
                           f"core ({share}) while other processes used {outside:.1f} cores; its figures are "
                           "disturbed", evidence, [], "diagnose again on a quiet machine")
-    return Bottleneck("starved threads", f"starved for CPU: {len(hungry)} busy threads of the server waited for a "
-                      f"core, {share}", evidence, ["threads"],
+    many = "1 busy thread" if len(hungry) == 1 else f"{len(hungry)} busy threads"
+    return Bottleneck("starved threads", f"starved for CPU: {many} of the server waited for a core, {share}", evidence, ["threads"],
                       "fewer threads per process (or processes) than cores")
 
 
