@@ -1,6 +1,7 @@
 """An OpenAI-compatible front with llama-cpp-python's server conventions, over our real server: `prompt` must be
-a string (a token-id list gets HTTP 422 with a pydantic-style message, as llama-cpp-python 0.3 answers it), and
-the stream carries no `usage` (stream_options is ignored). Generation is the real engine's behind it.
+a string (a token-id list gets HTTP 500 with the validation errors in its message, as llama-cpp-python 0.3.36's
+server answers it; ids_status=422 answers as FastAPI's own validation does), and the stream carries no `usage`
+(stream_options is ignored). Generation is the real engine's behind it.
 
     with text_only_front(upstream_url) as url: ...
 """
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from server_fixture import free_port, in_thread
 
 
-def front_app(upstream: str, refuse: int | None = None) -> FastAPI:
+def front_app(upstream: str, refuse: int | None = None, ids_status: int = 500) -> FastAPI:
     """The app: checks prompts as llama-cpp-python does, forwards the rest, strips usage from streams; with
     refuse, every completion gets that status (an overloaded or broken server)."""
     app = FastAPI()
@@ -40,9 +41,11 @@ def front_app(upstream: str, refuse: int | None = None) -> FastAPI:
         if refuse is not None:
             return JSONResponse({"error": {"message": "the model is not loaded", "code": refuse}}, status_code=refuse)
         if not isinstance(body.get("prompt"), str):
-            return JSONResponse({"detail": [{"type": "string_type", "loc": ["body", "prompt"],
-                                             "msg": "Input should be a valid string", "input": body.get("prompt")}]},
-                                status_code=422)
+            error = {"type": "string_type", "loc": ["body", "prompt", "str"], "msg": "Input should be a valid string",
+                     "input": body.get("prompt")}
+            if ids_status == 422:
+                return JSONResponse({"detail": [error]}, status_code=422)
+            return JSONResponse({"error": {"message": f"1 validation error:\n  {error}"}}, status_code=ids_status)
         body.pop("stream_options", None)
         if not body.get("stream"):
             answer = await client.post("/v1/completions", json=body)
@@ -68,9 +71,9 @@ def front_app(upstream: str, refuse: int | None = None) -> FastAPI:
 
 
 @contextlib.contextmanager
-def text_only_front(upstream: str, refuse: int | None = None) -> Iterator[str]:
+def text_only_front(upstream: str, refuse: int | None = None, ids_status: int = 500) -> Iterator[str]:
     """Serve the front on a free port in a thread; yield its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(front_app(upstream, refuse), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(front_app(upstream, refuse, ids_status), host="127.0.0.1", port=port, log_level="warning"))
     with in_thread(server, port) as url:
         yield url

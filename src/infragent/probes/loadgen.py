@@ -137,30 +137,39 @@ def prompt_format(config: LoadConfig, model: str) -> PromptFormat:
         raise ValueError(f"--prompt-format {config.prompt_format!r}: choose auto, tokens or text")
     if config.endpoint.endswith("chat/completions"):
         return PromptFormat("text", "a chat endpoint takes text")
-    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-    body = {"model": model, "prompt": PROBE_IDS, "max_tokens": 1, "temperature": 0.0}
     probe = RequestRecord(-1_000_000, len(PROBE_IDS), 1, warmup=True)
     try:
-        answer = httpx.post(f"{config.base_url.rstrip('/')}{config.endpoint}", json=body, headers=headers, timeout=60)
+        answer = _ask(config, model, PROBE_IDS)
     except httpx.HTTPError as err:
         probe.error = f"prompt-format probe: {err}"
         return PromptFormat("tokens", "the server did not answer a token-id prompt; its requests will say why", probe)
     first = (answer.text.strip().splitlines() or [""])[0][:200]
-    if answer.status_code in (400, 422):
-        probe.error = f"HTTP {answer.status_code}: {first}"
-        found = ("text", f"the server refused a token-id prompt (HTTP {answer.status_code}: {first})")
-    elif answer.status_code == 200:
+    if answer.status_code == 200:
         usage = (answer.json().get("usage") or {}) if answer.headers.get("content-type", "").startswith(
             "application/json") else {}
         probe.success, probe.output_counted = True, "usage" if usage else ""
         probe.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         probe.output_tokens = int(usage.get("completion_tokens") or 0)
-        found = ("tokens", "the server took a token-id prompt")
-    else:
-        probe.error = f"HTTP {answer.status_code}: {first}"
-        return PromptFormat("tokens", f"the server answered a token-id prompt with HTTP {answer.status_code}; its "
-                                      "requests will say why", probe)
-    return PromptFormat(*found, probe)
+        return PromptFormat("tokens", "the server took a token-id prompt", probe)
+    probe.error = f"HTTP {answer.status_code}: {first}"
+    if answer.status_code in (400, 422):
+        return PromptFormat("text", f"the server refused a token-id prompt (HTTP {answer.status_code}: {first})", probe)
+    try:  # any other status (llama-cpp-python answers a validation error with 500): does text get through?
+        text_ok = _ask(config, model, "Hello").status_code == 200
+    except httpx.HTTPError:
+        text_ok = False
+    if text_ok:
+        return PromptFormat("text", f"the server answered a token-id prompt with HTTP {answer.status_code} "
+                                    f"({first}) and a text prompt with 200", probe)
+    return PromptFormat("tokens", f"the server answered a token-id prompt with HTTP {answer.status_code}, and a text "
+                                  "prompt no better; its requests will say why", probe)
+
+
+def _ask(config: LoadConfig, model: str, prompt: list[int] | str) -> httpx.Response:
+    """One non-streamed request of one token: how the server answers this kind of prompt."""
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0}
+    return httpx.post(f"{config.base_url.rstrip('/')}{config.endpoint}", json=body, headers=headers, timeout=60)
 
 
 def request_body(config: LoadConfig, model: str, spec: RequestSpec) -> dict[str, Any]:
