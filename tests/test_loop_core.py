@@ -160,3 +160,24 @@ def test_trials_on_cluster_nodes_are_ranked_by_their_gain_over_their_own_twin() 
     assert best_of(ray_trials)[0]["trial"] == 2  # node a was the quieter one; trial 2 gained more on its own
     local_trials = [{k: v for k, v in t.items() if k != "node"} for t in ray_trials]
     assert best_of(local_trials)[0]["trial"] == 0  # one machine: the objectives compare directly
+
+
+def test_search_widens_to_the_other_knobs_once_the_suspects_knobs_are_tried_out() -> None:
+    knobs = {"slots": Knob(type="choice", domain=["one", "many"], default="one", acts_on=["batch_limit"]),
+             "threads": Knob(type="int", domain=[1, 2], default=1, acts_on=["threads"]),
+             "batch": Knob(type="choice", domain=[64, 128], default=64)}
+    search = SearchProposer(knobs, ["batch_limit"], seed=0)
+    search.close(["batch"])  # a refuted direction stays closed when the search widens
+    baseline = {"slots": "one", "threads": 1, "batch": 64}
+    trials: list[dict] = []
+    for _ in range(3):
+        proposal = search.propose(context(trials, baseline))
+        result = {"trial": len(trials), "knobs": proposal.knobs, "status": "measured", "objective": 1.0,
+                  "feasible": True}
+        trials.append(result)
+        search.tell(result)
+    assert trials[0]["knobs"] == {"slots": "many", "threads": 1, "batch": 64}  # the suspect's knob first
+    assert {t["knobs"]["threads"] for t in trials[1:]} == {2} and "widened to threads" in proposal.rationale
+    assert all(t["knobs"]["batch"] == 64 for t in trials)
+    with pytest.raises(SearchDone, match="every combination"):
+        search.propose(context(trials, baseline))

@@ -91,6 +91,8 @@ def test_a_queue_behind_a_held_batch_is_a_cap_and_a_blip_is_not() -> None:
     assert "below its limit (--max-num-seqs 32)" in held_back.claim
     unknown_limit = queueing(below, None, offered=16)  # no flag: a batch that keeps moving is not held at a cap
     assert unknown_limit is not None and "below its own peak of 6" in unknown_limit.claim
+    waves = _series([{"running": 8, "waiting": 0}, {"running": 8, "waiting": 0}, {"running": 1, "waiting": 7}] * 8)
+    assert queueing(waves, ("--max-num-seqs", 16), offered=8) is None  # a whole wave admitted between waves
     churn = _series([{"running": r, "waiting": 6, "kv_usage": 0.1} for r in (2, 2, 1, 2, 1, 2) * 4])
     at_flag = queueing(churn, ("--max-num-seqs", 2), offered=8)  # turnover between steps, at the launch limit
     assert at_flag is not None and at_flag.kind == "queueing at the batch limit"

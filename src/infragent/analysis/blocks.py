@@ -42,23 +42,35 @@ class BlockEstimate:
 
 def block_log_ratios(baseline: Sequence[RequestRecord], candidate: Sequence[RequestRecord],
                      block: int) -> list[float]:
-    """Per block (request index // block), log(mean candidate latency / mean baseline latency) over the
-    requests both sides completed; a block where either side failed a request is left out."""
-    def by_block(records: Sequence[RequestRecord]) -> dict[int, dict[int, float]]:
-        out: dict[int, dict[int, float]] = {}
+    """Per block (request index // block), log(candidate / baseline) of the time per output token over the
+    requests both sides completed: with equal outputs (ignore_eos) that is the ratio of mean latencies; where a
+    side returned fewer tokens (a server that cut requests short) it compares the same work. A block where
+    either side failed a request is left out; one where a side counted no tokens compares latencies."""
+    def by_block(records: Sequence[RequestRecord]) -> dict[int, dict[int, tuple[float, int]]]:
+        out: dict[int, dict[int, tuple[float, int]]] = {}
         for r in records:
             if not r.warmup:
-                out.setdefault(r.index // block, {})[r.index] = r.latency_s if r.success else math.nan
+                out.setdefault(r.index // block, {})[r.index] = (r.latency_s if r.success else math.nan,
+                                                                 r.output_tokens)
         return out
 
     base, cand = by_block(baseline), by_block(candidate)
     ratios = []
     for number in sorted(base.keys() & cand.keys()):
         b, c = base[number], cand[number]
-        if b.keys() != c.keys() or any(math.isnan(v) or v <= 0 for v in [*b.values(), *c.values()]):
+        if b.keys() != c.keys() or any(math.isnan(t) or t <= 0 for t, _ in [*b.values(), *c.values()]):
             continue
-        ratios.append(math.log(sum(c.values()) / sum(b.values())))
+        tokens_b, tokens_c = sum(n for _, n in b.values()), sum(n for _, n in c.values())
+        per = (tokens_c, tokens_b) if tokens_b > 0 and tokens_c > 0 else (1, 1)
+        ratios.append(math.log((sum(t for t, _ in c.values()) / per[0]) / (sum(t for t, _ in b.values()) / per[1])))
     return ratios
+
+
+def output_shortfall(records: Sequence[RequestRecord]) -> float:
+    """The share of the asked output tokens that completed requests did not get (0 when all were delivered)."""
+    done = [r for r in records if r.success and not r.warmup and r.output_len > 0 and r.output_tokens > 0]
+    asked = sum(r.output_len for r in done)
+    return 0.0 if not asked else max(0.0, 1.0 - sum(min(r.output_tokens, r.output_len) for r in done) / asked)
 
 
 def block_estimate(log_ratios: Sequence[float], confidence: float = 0.95, trim: float = 0.0) -> BlockEstimate:

@@ -6,7 +6,8 @@ that failed one is told to Optuna as infeasible (constraint value > 0), so the s
 feasible region is rather than treating a fast-but-wrong trial as good. The baseline and tried points are
 never proposed again: in a finite space the next untried point takes their place, and the search ends
 (SearchDone) when none is left or it keeps landing on tried points. A refuted hypothesis closes its knobs:
-they stay at their defaults from then on.
+they stay at their defaults from then on. When every point of the suspects' knobs is tried, the search widens
+to the other knobs (closed ones excepted) before it ends.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ class SearchProposer:
         self.study = optuna.create_study(direction="maximize", sampler=sampler)
         self._open: dict[int, optuna.Trial] = {}
         self._proposed: dict[int, dict[str, Any]] = {}
+        self.closed: set[str] = set()
+        self.widened: list[str] = []
 
     def start_from(self, values: dict[str, Any]) -> None:
         """Make the first proposal a known point (e.g. the spec's defaults, to learn from the baseline)."""
@@ -79,6 +82,10 @@ class SearchProposer:
             fresh = self.unmeasured(tried)
             if fresh is not None:
                 self.start_from(fresh)
+            elif self.finite and self.widen():
+                fresh = self.unmeasured(tried)
+                if fresh is not None:
+                    self.start_from(fresh)
             elif self.finite:
                 raise SearchDone("every combination of the searched knobs was tried")
         raise SearchDone(f"the search proposed tried points {MAX_REPEATS + 1} times in a row")
@@ -95,6 +102,7 @@ class SearchProposer:
         """Stop searching these knobs (a refuted direction): they keep their defaults. Returns those closed;
         the last searched knob is never closed."""
         closed = [n for n in knobs if n in self.knobs and len(self.knobs) > 1]
+        self.closed.update(n for n in knobs if n in self.all_knobs and (n not in self.knobs or n in closed))
         for name in closed:
             del self.knobs[name]
             if self.all_knobs[name].default is not None:
@@ -102,7 +110,21 @@ class SearchProposer:
         self.finite = all(_finite_values(k) is not None for k in self.knobs.values())
         return closed
 
+    def widen(self) -> list[str]:
+        """The suspects' knobs tried out: search the other knobs too (a closed one stays at its default).
+        Returns the knobs added (none when every open knob is already searched)."""
+        more = [n for n in self.all_knobs if n not in self.knobs and n not in self.closed]
+        for name in more:
+            self.knobs[name] = self.all_knobs[name]
+            self.fixed.pop(name, None)
+        self.widened += more
+        self.finite = all(_finite_values(k) is not None for k in self.knobs.values())
+        return more
+
     def _why(self) -> str:
+        if self.widened:
+            return (f"knob values for {', '.join(self.knobs)} (the suspects' knobs were tried out; widened to "
+                    f"{', '.join(self.widened)})")
         return (f"knob values for {', '.join(self.knobs)}" + (f" (acting on {', '.join(self.suspects[:4])})"
                                                               if self.suspects else ""))
 

@@ -18,7 +18,7 @@ import numpy as np
 from infragent.agent.hypotheses import engine_workload
 from infragent.agent.workspace import run_limited
 from infragent.analysis.blocks import (BlockEstimate, aa_floor, block_estimate, block_log_ratios, block_verdict,
-                                      could_still_win)
+                                      could_still_win, output_shortfall)
 from infragent.analysis.serving_metrics import serving_metrics
 from infragent.analysis.stats import bootstrap_median
 from infragent.lab.criteria import Judgement, Run, judge, judge_interval
@@ -165,12 +165,16 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
                "aa_floor": Measure(floor, "log"), "objective_baseline": Measure(obj_b),
                "objective_candidate": Measure(obj_c)}
     change = f"{abs(estimate.ratio - 1):.1%} {'faster' if estimate.ratio < 1 else 'slower'}"
-    finding = (f"E2E latency x{estimate.ratio:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}] candidate/baseline "
-               f"({change}) over {estimate.blocks} blocks of {local_block(scenario)} requests, "
+    short = {side: output_shortfall(run.records) for side, run in runs.items()}
+    cut = "; ".join(f"the {side}'s requests got {1 - gap:.0%} of the tokens asked" for side, gap in short.items()
+                    if gap > 0.05)
+    finding = (f"E2E latency per output token x{estimate.ratio:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}] "
+               f"candidate/baseline ({change}) over {estimate.blocks} blocks of {local_block(scenario)} requests, "
                f"{LOCAL_CONFIDENCE:.1%} CI; A/A floor: a win needs x<{math.exp(-floor):.3f}, a loss "
                f"x>{math.exp(floor):.3f}; objective {obj_c:.3g} vs {obj_b:.3g}: "
                + {"win": "a real local win", "loss": "a real local loss",
-                  "inconclusive": "inconclusive (no effect beyond the A/A floor that the blocks can show)"}[outcome])
+                  "inconclusive": "inconclusive (no effect beyond the A/A floor that the blocks can show)"}[outcome]
+               + (f" ({cut}: compared per token delivered)" if cut else ""))
     verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
     return Feedback("local_ab", verdict, finding, numbers=numbers,
                     details={"outcome": outcome, "log_ratios": ratios, "looks": looks,
@@ -251,6 +255,10 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
     agreement, compared = output_agreement(runs)
     wrong = same_outputs and compared > 0 and agreement < OUTPUT_AGREEMENT
     gain_ = gain()
+    short = {side: output_shortfall([r for run in runs[first][side] for r in run.records])
+             for side in ("baseline", "candidate")}
+    cut = "; ".join(f"the {side}'s requests got {1 - gap:.0%} of the tokens asked (its latencies are of less "
+                    "work)" for side, gap in short.items() if gap > 0.05)
     flat = floor is not None and not gain_.lo > math.exp(floor)
     failed = [j for j in judgements if j.verdict == "fail"]
     unsure = [j for j in judgements if j.verdict == "inconclusive"]
@@ -263,7 +271,8 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
                + (f"{len(failed)} criteria fail: {failed[0].message}" if failed else
                   f"{len(unsure)} inconclusive: {unsure[0].message}" if unsure else
                   f"all {len(judgements)} criteria pass")
-               + (f" (after {extra} extra repeat{'s' if extra > 1 else ''} to decide)" if extra else ""))
+               + (f" (after {extra} extra repeat{'s' if extra > 1 else ''} to decide)" if extra else "")
+               + (f"; {cut}" if cut else ""))
     feedback = Feedback("end_to_end", verdict, finding,
                         numbers={"objective_baseline": Measure(b.median, "", b.lo, b.hi, len(values["baseline"])),
                                  "objective_candidate": Measure(c.median, "", c.lo, c.hi, len(values["candidate"])),
@@ -279,15 +288,17 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
 
 def output_agreement(runs: dict[str, dict[str, list[Run]]]) -> tuple[float, int]:
     """(share of twin requests — same scenario, repeat and index — whose generated text is identical on both
-    sides, how many were compared)."""
+    sides, how many were compared). Twins that delivered different numbers of tokens (a server that cut one
+    short) hold different amounts of text and are not compared."""
     same = compared = 0
     for sides in runs.values():
         for base, cand in zip(sides["baseline"], sides["candidate"]):
-            theirs = {r.index: r.output_digest for r in cand.records if r.success and not r.warmup and r.output_digest}
+            theirs = {r.index: r for r in cand.records if r.success and not r.warmup and r.output_digest}
             for r in base.records:
-                if r.success and not r.warmup and r.output_digest and r.index in theirs:
+                twin = theirs.get(r.index)
+                if r.success and not r.warmup and r.output_digest and twin and twin.output_tokens == r.output_tokens:
                     compared += 1
-                    same += theirs[r.index] == r.output_digest
+                    same += twin.output_digest == r.output_digest
     return (same / compared if compared else float("nan")), compared
 
 
