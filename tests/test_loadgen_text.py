@@ -38,7 +38,8 @@ def test_a_text_only_server_gets_text_prompts_of_the_asked_length_and_its_output
     assert all(39 <= r["prompt_len"] <= 41 for r in measured)  # within 2% (at least one token) of 40
     assert fb.numbers["output_throughput"].value > 0
     assert forced.verdict == "fail"
-    assert forced.finding.startswith(f"every request failed (4): HTTP {ids_status}") and "valid string" in forced.finding
+    assert forced.finding.startswith(f"every request failed (4): HTTP {ids_status}")
+    assert "valid string" in forced.finding
 
 
 def test_the_aa_calibration_against_a_server_that_fails_every_request_says_why(tmp_path, monkeypatch):

@@ -74,6 +74,7 @@ def front_app(upstream: str, refuse: int | None = None, ids_status: int = 500) -
 def text_only_front(upstream: str, refuse: int | None = None, ids_status: int = 500) -> Iterator[str]:
     """Serve the front on a free port in a thread; yield its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(front_app(upstream, refuse, ids_status), host="127.0.0.1", port=port, log_level="warning"))
+    app = front_app(upstream, refuse, ids_status)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     with in_thread(server, port) as url:
         yield url

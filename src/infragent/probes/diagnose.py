@@ -23,9 +23,9 @@ from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.machine import CpuWatch
 from infragent.probes.loadgen import LoadConfig, LoadRun, discover_model, fresh_seed, prompt_format, run_once
 from infragent.probes.processes import NotTheServer, alive, describe, server_processes
-from infragent.probes.server_findings import (Bottleneck, cut_short, hot_function, kv_capacity, launch_limit, one_busy_thread,
-                                              prefill_interference, queueing, refused, serialized, starved,
-                                              tokenization)
+from infragent.probes.server_findings import (Bottleneck, cut_short, hot_function, kv_capacity, launch_limit,
+                                              one_busy_thread, prefill_interference, queueing, refused, serialized,
+                                              starved, tokenization)
 from infragent.probes.server_metrics import MetricsSeries, MetricsWatch
 from infragent.probes.server_profile import ServerProfile
 from infragent.probes.server_stacks import StackSampling, finish_pyspy, start_pyspy
@@ -153,7 +153,8 @@ def _bottlenecks(seen: Observed, limit: tuple[str, int] | None, offered: int) ->
     tokenizing = tokenization(sampling, sum(r.success and not r.warmup for r in records))
     rules = [queueing(series, limit, offered) if series.scrapes else None,
              kv_capacity(series) if series.scrapes else None,
-             serialized(records, offered), cut_short(records), refused(records), prefill_interference(records), tokenizing,
+             serialized(records, offered), cut_short(records), refused(records), prefill_interference(records),
+             tokenizing,
              starved(seen.readings, cores, seen.elapsed_s, seen.others_cores),
              one_busy_thread(seen.readings, cores, seen.elapsed_s, seen.others_cores),
              hot_function(sampling, skip_tokenization=tokenizing is not None)]

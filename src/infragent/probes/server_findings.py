@@ -292,7 +292,8 @@ def starved(threads: list[ThreadReading], cores: int, elapsed_s: float,
                           f"core ({share}) while other processes used {outside:.1f} cores; its figures are "
                           "disturbed", evidence, [], "diagnose again on a quiet machine")
     many = "1 busy thread" if len(hungry) == 1 else f"{len(hungry)} busy threads"
-    return Bottleneck("starved threads", f"starved for CPU: {many} of the server waited for a core, {share}", evidence, ["threads"],
+    return Bottleneck("starved threads", f"starved for CPU: {many} of the server waited for a core, {share}",
+                      evidence, ["threads"],
                       "fewer threads per process (or processes) than cores")
 
 
