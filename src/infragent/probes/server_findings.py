@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -140,13 +141,12 @@ def cut_short(records: list[RequestRecord]) -> Bottleneck | None:
         return None
     asked = statistics.median(r.output_len for r in short)
     got = statistics.median(r.output_tokens for r in short)
-    reasons = {reason: sum((r.finish_reason or "none") == reason for r in short)
-               for reason in dict.fromkeys((r.finish_reason or "none") for r in short)}
+    reasons = Counter(r.finish_reason or "none" for r in short).most_common()
     said = ", ".join(f"{n} {'without a finish_reason' if k == 'none' else f'finish_reason={k!r}'}"
-                     for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+                     for k, n in reasons)
     evidence = [f"client records: {len(short)} of {len(done)} requests got a median {got:g} of the {asked:g} "
                 f"tokens they asked for ({said})"]
-    cause = max(reasons, key=reasons.get)
+    cause = reasons[0][0]
     if cause == "stop":
         return Bottleneck("cut short by the model", f"shorter than asked: {len(short)} of {len(done)} requests "
                           f"ended at the model's end-of-text after a median {got:g} of {asked:g} tokens (the "

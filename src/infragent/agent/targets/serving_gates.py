@@ -165,9 +165,7 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
                "aa_floor": Measure(floor, "log"), "objective_baseline": Measure(obj_b),
                "objective_candidate": Measure(obj_c)}
     change = f"{abs(estimate.ratio - 1):.1%} {'faster' if estimate.ratio < 1 else 'slower'}"
-    short = {side: output_shortfall(run.records) for side, run in runs.items()}
-    cut = "; ".join(f"the {side}'s requests got {1 - gap:.0%} of the tokens asked" for side, gap in short.items()
-                    if gap > 0.05)
+    cut = shortfall_note({side: run.records for side, run in runs.items()})
     finding = (f"E2E latency per output token x{estimate.ratio:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}] "
                f"candidate/baseline ({change}) over {estimate.blocks} blocks of {local_block(scenario)} requests, "
                f"{LOCAL_CONFIDENCE:.1%} CI; A/A floor: a win needs x<{math.exp(-floor):.3f}, a loss "
@@ -179,6 +177,12 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
     return Feedback("local_ab", verdict, finding, numbers=numbers,
                     details={"outcome": outcome, "log_ratios": ratios, "looks": looks,
                              "block": local_block(scenario), "confidence": LOCAL_CONFIDENCE})
+
+
+def shortfall_note(records: dict[str, list], why: str = "") -> str:
+    """Which side's requests got fewer tokens than they asked for (more than 5% short), or ""."""
+    return "; ".join(f"the {side}'s requests got {1 - gap:.0%} of the tokens asked{why}"
+                     for side, gap in ((s, output_shortfall(r)) for s, r in records.items()) if gap > 0.05)
 
 
 def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: int,
@@ -255,10 +259,8 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
     agreement, compared = output_agreement(runs)
     wrong = same_outputs and compared > 0 and agreement < OUTPUT_AGREEMENT
     gain_ = gain()
-    short = {side: output_shortfall([r for run in runs[first][side] for r in run.records])
-             for side in ("baseline", "candidate")}
-    cut = "; ".join(f"the {side}'s requests got {1 - gap:.0%} of the tokens asked (its latencies are of less "
-                    "work)" for side, gap in short.items() if gap > 0.05)
+    cut = shortfall_note({side: [r for run in runs[first][side] for r in run.records]
+                          for side in ("baseline", "candidate")}, " (its latencies are of less work)")
     flat = floor is not None and not gain_.lo > math.exp(floor)
     failed = [j for j in judgements if j.verdict == "fail"]
     unsure = [j for j in judgements if j.verdict == "inconclusive"]
