@@ -3,16 +3,20 @@
 the accepted fix, and wrong acceptances.
 
     PYTHONPATH=src .venv/bin/python benchmarks/ladder_ablation.py [--model llama] [--packs NAME ...]
-        [--repeats N] [--json results.json]
+        [--proposer search|playbook] [--repeats N] [--json results.json]
 
 serve-command (--packs serve-command) is a command target: our server as a black box with its batch limit
 planted too low; there a wrong acceptance is any accepted trial that leaves max_num_seqs at 2 or below.
+Every case also counts the acceptances without a measured gain: an accepted trial whose end-to-end objective
+ratio (candidate/baseline, 95% CI) reaches down to 1 or below, such as a neutral change the regression-only
+criteria let through. --proposer playbook runs the pack's [[playbook]] moves (a guide's order; a diagnosis
+pulls the moves on its hypotheses' knobs forward) instead of the search.
 
 The scripted case: a git checkout of this project with a slowdown planted in the engine's decode path (the
 LM head run three extra times per decode step), and a command proposer that offers, in order, a patch that
 breaks outputs, two that are slower, one that is neutral, and the real fix. A run of the ladder with a
-budget the fix fits in, then the same sequence under e2e-only. The packs (--packs) run the search proposer
-under both modes with the pack's own budget. --repeats N runs every case N times, the modes in ABBA order
+budget the fix fits in, then the same sequence under e2e-only. The packs (--packs) run the search (or playbook)
+proposer under both modes with the pack's own budget. --repeats N runs every case N times, the modes in ABBA order
 (ladder, e2e-only, e2e-only, ladder, ...) so drift on the machine falls on both, and prints the ratio of each
 repeat next to the ratio of the medians. Run alone: two cores, and this times things.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -33,10 +38,12 @@ sys.path.insert(0, str(ROOT / "tests"))  # the planted checkout is shared with t
 
 from engine_checkout import planted_checkout, proposer_script  # noqa: E402
 from infragent.agent.proposers.command import CommandProposer  # noqa: E402
+from infragent.agent.proposers.playbook import PlaybookProposer  # noqa: E402
 from infragent.agent.context import Budget  # noqa: E402
 from infragent.agent.core import Outcome, optimize  # noqa: E402
 from infragent.lab.ledger import Ledger  # noqa: E402
-from infragent.lab.spec import PACKS  # noqa: E402
+from infragent.lab.spec import PACKS, load_spec  # noqa: E402
+from infragent.analysis.blocks import block_estimate  # noqa: E402
 from infragent.lab.trajectory import probes_until  # noqa: E402
 
 SEQUENCE = ["wrong", "slower", "slower2", "neutral", "fix"]
@@ -111,11 +118,17 @@ def figures(outcome: Outcome, ledger: Ledger, seconds: float, causes: list[list[
         fix_at = next((events.get(f"trial/{t['trial']} accepted") for t in accepted if fixes(t["knobs"])), None)
     else:  # a pack: the best feasible trial is the fix; no wrong answer is known in advance
         wrong, fix_at = [], (events.get(f"trial/{outcome.best['trial']} accepted") if outcome.best else None)
-    probes = sum(1 for r in ledger.probe_results(outcome.run_id) if r["feedback"]["details"].get("charged", True))
+    records = ledger.probe_results(outcome.run_id)
+    probes = sum(1 for r in records if r["feedback"]["details"].get("charged", True))
+    gains = {r["key"]: r["feedback"]["numbers"].get("objective_ratio") for r in records if r["key"].endswith("/e2e")}
+    unearned = [t for t in accepted if not ((gains.get(f"trial/{t['trial']}/e2e") or {}).get("ci_low") or 0) > 1]
     return {"probes": probes, "diagnosis_s": diagnosed, "probes_to_diagnosis": named[0] if named else None,
-            "fix_s": fix_at, "wrong_acceptances": len(wrong), "trials": len(outcome.trials),
-            "wall_s": round(seconds, 1), "limits": outcome.limits,
-            "why": [t["why"][:160] for t in outcome.trials]}
+            "fix_s": fix_at, "wrong_acceptances": len(wrong), "unearned_acceptances": len(unearned),
+            "trials": len(outcome.trials), "wall_s": round(seconds, 1), "limits": outcome.limits,
+            "why": [t["why"][:160] for t in outcome.trials],
+            "tried": [{"trial": t["trial"], "knobs": t["knobs"], "accepted": t in accepted,
+                       "gain": gains.get(f"trial/{t['trial']}/e2e"), "at_s": events.get(f"trial/{t['trial']} accepted")}
+                      for t in outcome.trials]}
 
 
 def run_planted(model: str, mode: str, home: Path) -> dict:
@@ -132,13 +145,14 @@ def run_planted(model: str, mode: str, home: Path) -> dict:
     return figures(outcome, ledger, time.monotonic() - started, CAUSES["planted"], SEQUENCE)
 
 
-def run_pack(name: str, mode: str, home: Path, probes: int, minutes: float) -> dict:
-    """A pack under the search proposer and one feedback mode."""
+def run_pack(name: str, mode: str, home: Path, probes: int, minutes: float, proposer: str) -> dict:
+    """A pack under the search (or playbook) proposer and one feedback mode."""
     folder = home / f"{name}-{mode}"
     shutil.copytree(PACKS / name, folder, ignore=shutil.ignore_patterns("__pycache__"))
     ledger = Ledger(folder / "ledger.sqlite")
+    chosen = PlaybookProposer(load_spec(folder / "spec.toml").playbook) if proposer == "playbook" else None
     started = time.monotonic()
-    outcome = optimize(folder / "spec.toml", ledger, Budget(probes=probes, minutes=minutes), log=print,
+    outcome = optimize(folder / "spec.toml", ledger, Budget(probes=probes, minutes=minutes), chosen, log=print,
                        feedback=mode)
     return figures(outcome, ledger, time.monotonic() - started, CAUSES.get(name), fixes=FIXES.get(name))
 
@@ -149,6 +163,7 @@ def line(case: str, mode: str, r: dict) -> str:
 
     return (f"{case:20s} {mode:9s} probes {r['probes']:3d}  diagnosis {s(r['diagnosis_s']):>5s} s "
             f"({r['probes_to_diagnosis'] or '-'} probes)  fix {s(r['fix_s']):>5s} s  wrong {r['wrong_acceptances']}  "
+            f"no-gain {r['unearned_acceptances']}  "
             f"trials {r['trials']}  wall {r['wall_s']:.0f} s")
 
 
@@ -160,6 +175,7 @@ def main() -> None:
     parser.add_argument("--pack-probes", type=int, default=16)
     parser.add_argument("--pack-minutes", type=float, default=6.0)
     parser.add_argument("--skip-planted", action="store_true")
+    parser.add_argument("--proposer", default="search", choices=["search", "playbook"], help="for the packs")
     parser.add_argument("--modes", nargs="*", default=["ladder", "e2e-only"])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", default=None)
@@ -174,7 +190,8 @@ def main() -> None:
                 place = home / f"repeat-{repeat}"
                 place.mkdir(exist_ok=True)
                 results[case][mode].append(run_planted(args.model, mode, place) if case == "planted" else
-                                           run_pack(case, mode, place, args.pack_probes, args.pack_minutes))
+                                           run_pack(case, mode, place, args.pack_probes, args.pack_minutes,
+                                                    args.proposer))
     print()
     for case, modes in results.items():
         for mode, runs in modes.items():
@@ -185,8 +202,11 @@ def main() -> None:
             if pairs and all(None not in pair for pair in pairs):
                 each = ", ".join(f"{a / b:.3f}" for a, b in pairs)
                 medians = statistics.median(a for a, _ in pairs) / statistics.median(b for _, b in pairs)
+                spread = block_estimate([math.log(a / b) for a, b in pairs], 0.95) if len(pairs) > 1 else None
+                ci = (f"; geometric mean {spread.ratio:.3f} [{spread.lo:.3f}, {spread.hi:.3f}], 95% t interval over "
+                      f"{spread.blocks} repeats" if spread else "")
                 print(f"{case:20s} ladder/e2e-only time to the accepted fix: {medians:.3f} (ratio of medians; "
-                      f"per repeat {each})")
+                      f"per repeat {each}{ci})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
 

@@ -319,3 +319,20 @@ def test_the_packs_commands_name_the_interpreter_and_their_own_folder() -> None:
     served = load_spec(PACKS / "serve-command" / "spec.toml")
     argv, _, _ = launch_command(served.target, {n: k.default for n, k in served.knobs.items()})
     assert argv[:3] == [sys.executable, "-m", "infragent.cli"] and "--max-num-seqs" in argv
+
+
+def test_the_diagnosis_pulls_the_playbooks_batch_move_ahead_of_the_guides_order(tmp_path: Path) -> None:
+    from infragent.agent.proposers.playbook import PlaybookProposer
+    from infragent.lab.spec import load_spec
+
+    spec = tmp_path / "spec.toml"
+    text = command_spec(ACTING, CONCURRENT).replace(
+        "--max-num-seqs {max_num_seqs}", "--max-num-seqs {max_num_seqs} --max-num-batched-tokens {max_num_batched_tokens}")
+    spec.write_text(text + "\n[[playbook]]\nknobs = { max_num_batched_tokens = 64 }\n\n"
+                           "[[playbook]]\nknobs = { max_num_seqs = 4 }\nwhy = \"a larger batch\"\n")
+    ledger, lines = Ledger(tmp_path / "ledger.sqlite"), []
+    outcome = optimize(spec, ledger, Budget(probes=3, minutes=5), PlaybookProposer(load_spec(spec).playbook),
+                       log=lines.append)
+    first = outcome.trials[0]
+    assert first["knobs"] == {"max_num_seqs": 4, "max_num_batched_tokens": 512}, outcome.trials
+    assert first["rationale"].startswith("playbook move 2: max_num_seqs = 4 (a larger batch); it acts on hypothesis/")

@@ -181,3 +181,72 @@ def test_search_widens_to_the_other_knobs_once_the_suspects_knobs_are_tried_out(
     assert all(t["knobs"]["batch"] == 64 for t in trials)
     with pytest.raises(SearchDone, match="every combination"):
         search.propose(context(trials, baseline))
+
+
+def playbook_moves() -> list:
+    from infragent.lab.spec import Move
+
+    return [Move(knobs={"kv": 0.4}, why="more KV cache"), Move(knobs={"threads": 2}),
+            Move(knobs={"seqs": 8}, why="a larger batch")]
+
+
+def test_the_playbook_runs_as_written_without_a_diagnosis_and_builds_on_the_incumbent() -> None:
+    from infragent.agent.proposers.playbook import PlaybookProposer
+
+    playbook, baseline = PlaybookProposer(playbook_moves()), {"kv": 0.1, "threads": 1, "seqs": 2}
+    first = playbook.propose(context([], baseline))
+    assert first.knobs == {"kv": 0.4, "threads": 1, "seqs": 2} and first.hypothesis is None
+    assert first.rationale.startswith("playbook move 1: kv = 0.4 (more KV cache)")
+    trials = [{"trial": 0, "knobs": first.knobs, "status": "measured", "objective": 5.0, "feasible": True}]
+    second = playbook.propose(context(trials, baseline))
+    assert second.knobs == {"kv": 0.4, "threads": 2, "seqs": 2}  # on top of the accepted move
+    trials.append({"trial": 1, "knobs": second.knobs, "status": "measured", "objective": 4.0, "feasible": False})
+    assert playbook.propose(context(trials, baseline)).knobs == {"kv": 0.4, "threads": 1, "seqs": 8}
+    trials.append({"trial": 2, "knobs": {"kv": 0.4, "threads": 1, "seqs": 8}, "status": "rejected",
+                   "objective": None, "feasible": False})
+    with pytest.raises(SearchDone, match="every playbook move"):
+        playbook.propose(context(trials, baseline))
+
+
+def test_a_diagnosis_pulls_its_moves_forward_and_a_refuted_one_drops_them() -> None:
+    from infragent.agent.proposers.playbook import PlaybookProposer
+
+    playbook, baseline = PlaybookProposer(playbook_moves()), {"kv": 0.1, "threads": 1, "seqs": 2}
+    queued = Hypothesis("requests wait for a slot", ["batch_limit"], ["seqs"], "local_ab", "more", key="hypothesis/0")
+    starved = Hypothesis("one thread on a core", ["threads"], ["threads"], "local_ab", "more", key="hypothesis/1",
+                         status="supported")
+    assert [(i, h.key if h else None) for i, h in playbook.order([queued, starved])] == \
+        [(1, "hypothesis/1"), (2, "hypothesis/0"), (0, None)]  # supported before open, then the rest as written
+    proposal = playbook.propose(context([], baseline, [queued]))
+    assert proposal.knobs["seqs"] == 8 and proposal.hypothesis == "hypothesis/0"
+    assert "it acts on hypothesis/0 (open)" in proposal.rationale
+    queued.status = "refuted"
+    assert playbook.propose(context([], baseline, [queued])).knobs == {"kv": 0.4, "threads": 1, "seqs": 2}
+    trials = [{"trial": 0, "knobs": {"kv": 0.4, "threads": 1, "seqs": 2}, "status": "measured", "objective": 1.0,
+               "feasible": False}, {"trial": 1, "knobs": {"kv": 0.1, "threads": 2, "seqs": 2}, "status": "measured",
+                                    "objective": 1.0, "feasible": False}]
+    with pytest.raises(SearchDone):  # the batch move acts only on a refuted hypothesis
+        playbook.propose(context(trials, baseline, [queued]))
+
+
+def test_a_playbook_move_must_name_a_declared_knob_and_a_value_in_its_domain(tmp_path: Path) -> None:
+    from infragent.agent.proposal import ProposalError
+    from infragent.agent.proposers.playbook import PlaybookProposer
+    from infragent.lab.spec import SpecError, load_spec
+
+    head = ('[target]\nkind = "command"\ncommand = "server --port {port} --seqs {seqs}"\n'
+            'base_url = "http://127.0.0.1:{port}"\nready_url = "http://127.0.0.1:{port}/health"\n\n[knobs.seqs]\ntype = "int"\ndomain = [1, 16]\ndefault = 2\n\n'
+            '[[scenarios]]\nname = "chat"\n\n')
+    for move, said in [("knobs = { sqes = 8 }", "'sqes' is not a declared knob; known: seqs"),
+                       ("knobs = { seqs = 32 }", "seqs = 32 is outside [1, 16]"),
+                       ('knobs = { seqs = "8" }', "seqs = '8' needs an integer"),
+                       ("knobs = {}", "a move sets at least one knob, e.g. knobs = { name = value }")]:
+        path = tmp_path / "spec.toml"
+        path.write_text(head + '[[playbook]]\nknobs = { seqs = 4 }\n\n[[playbook]]\n' + move + '\n')
+        with pytest.raises(SpecError) as err:
+            load_spec(path)
+        assert str(err.value) == f"{path}:19: playbook.1.knobs: {said}", str(err.value)
+    path.write_text(head + '[[playbook]]\nknobs = { seqs = 4 }\nwhy = "a larger batch"\n')
+    assert load_spec(path).playbook[0].knobs == {"seqs": 4}
+    with pytest.raises(ProposalError, match=r"no \[\[playbook\]\] moves"):
+        PlaybookProposer([])

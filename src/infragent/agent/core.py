@@ -21,12 +21,12 @@ from typing import Any, Callable
 
 from infragent.agent.context import Budget, RunContext
 from infragent.agent.diagnosis import diagnose
-from infragent.agent.hypotheses import Hypothesis, suspects
+from infragent.agent.hypotheses import Hypothesis, closed_knobs, suspects
 from infragent.agent.proposal import Proposer, SearchDone
 from infragent.agent.proposers.search import SearchProposer
 from infragent.agent.target_kinds import make_target
 from infragent.agent.targets import LoopTarget
-from infragent.agent.trial import MAX_FAILED_PROPOSALS, closed_knobs, conclude, fresh_result, propose, settle, store
+from infragent.agent.trial import MAX_FAILED_PROPOSALS, conclude, fresh_result, propose, settle, store
 from infragent.agent.workspace import WorkspaceError
 from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import guarded_run, open_run

@@ -38,6 +38,12 @@ class Hypothesis:
         return self
 
 
+def closed_knobs(hypotheses: list[Hypothesis]) -> list[str]:
+    """Knobs that only refuted hypotheses point at."""
+    alive = {k for h in hypotheses if h.status != "refuted" for k in h.knobs}
+    return [k for h in hypotheses if h.status == "refuted" for k in h.knobs if k not in alive]
+
+
 def from_analysis(analysis: Feedback, knobs: dict[str, Knob]) -> list[Hypothesis]:
     """Hypotheses from an `analyze` Feedback: top spans, time in no child span or in no span at all (recurring
     gaps), never-overlapping pairs, and a GPU trace's own (the GPU waiting on the host → CUDA graphs, larger

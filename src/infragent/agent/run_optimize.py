@@ -46,7 +46,7 @@ def run_optimize(spec_path: str | Path, ledger_path: str | Path, budget: Budget,
                  proposer: Any = None, feedback: str = "ladder", executor: Executor | None = None) -> Outcome:
     """Run the loop, print its trajectory and summary, write the report.
 
-    proposer: None for the search proposer, or a code proposer (llm, command)."""
+    proposer: None for the search proposer, or another (playbook, llm, command)."""
     ledger = Ledger(ledger_path)
     interrupt_on_sigterm()
     try:

@@ -9,7 +9,7 @@ from typing import Any
 
 from infragent.agent.context import RunContext
 from infragent.agent.diagnosis import add_hypothesis
-from infragent.agent.hypotheses import Hypothesis
+from infragent.agent.hypotheses import Hypothesis, closed_knobs
 from infragent.agent.proposal import Proposal, ProposalContext, ProposalError, Proposer, SearchDone
 from infragent.agent.proposers.search import SearchProposer
 from infragent.agent.targets import Candidate, LoopTarget
@@ -140,12 +140,6 @@ def learn(ctx: RunContext, hypotheses: list[Hypothesis], result: dict, proposer:
     ctx.ledger.record_hypothesis(ctx.run_id, h.key, asdict(h))
     ctx.log(f"  [{h.key}] {h.status.upper()} by {h.settled_by}: {h.claim}")
     ctx.note(f"{h.key} {h.status}: {h.claim}")
-
-
-def closed_knobs(hypotheses: list[Hypothesis]) -> list[str]:
-    """Knobs that only refuted hypotheses point at."""
-    alive = {k for h in hypotheses if h.status != "refuted" for k in h.knobs}
-    return [k for h in hypotheses if h.status == "refuted" for k in h.knobs if k not in alive]
 
 
 def _proposal_feedback(proposal: Proposal | None, error: str, transcript: list | None) -> dict:

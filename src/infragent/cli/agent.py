@@ -11,7 +11,8 @@ from infragent.cli.common import DEFAULT_LEDGER, app, fail, ledger_file
 def optimize(
     spec: Optional[str] = typer.Argument(None, help="A spec TOML or a scenario-pack folder (default: the engine-slo pack)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec and print the plan; run nothing."),
-    proposer: str = typer.Option("search", "--proposer", help="search (Optuna over the suspect knobs), llm (an "
+    proposer: str = typer.Option("search", "--proposer", help="search (Optuna over the suspect knobs), playbook "
+                                 "(the spec's [[playbook]] moves, the diagnosed ones first), llm (an "
                                  "OpenAI-compatible model with tools) or command (an external program: JSON on stdin, "
                                  "a patch out); llm and command patch the target's code (kernel folders, or [target] code = PATH) in a "
                                  "git worktree, never the user's tree."),
@@ -59,10 +60,10 @@ def optimize(
     if dry_run:
         return
     try:
-        code_proposer = _code_proposer(proposer, command, llm_base_url, llm_model)
+        chosen_proposer = _proposer(proposer, parsed, command, llm_base_url, llm_model)
         run_optimize(path, ledger_file(ledger_path, export_artifacts=True),
                      Budget(budget_probes, budget_minutes, budget_trials),
-                     resume, code_proposer, feedback, chosen)
+                     resume, chosen_proposer, feedback, chosen)
     except (ValueError, RuntimeError) as err:
         fail(str(err))
 
@@ -79,10 +80,15 @@ def _executor(spec_executor, kind: Optional[str], address: Optional[str]):  # no
     return chosen
 
 
-def _code_proposer(name: str, command: Optional[str], base_url: Optional[str], model: Optional[str]):  # noqa: ANN202
-    """None for search; the llm or command proposer otherwise (errors name the missing flag or variable)."""
+def _proposer(name: str, spec, command: Optional[str], base_url: Optional[str], model: Optional[str]):  # noqa: ANN001, ANN202
+    """None for search; the playbook, llm or command proposer otherwise (errors name the missing flag, variable
+    or spec table)."""
     if name == "search":
         return None
+    if name == "playbook":
+        from infragent.agent.proposers.playbook import PlaybookProposer
+
+        return PlaybookProposer(spec.playbook)
     if name == "command":
         from infragent.agent.proposers.command import CommandProposer
 
@@ -93,7 +99,7 @@ def _code_proposer(name: str, command: Optional[str], base_url: Optional[str], m
         from infragent.agent.proposers.llm import LLMProposer
 
         return LLMProposer(base_url=base_url, model=model)
-    raise ValueError(f"--proposer {name}: choose search, llm or command")
+    raise ValueError(f"--proposer {name}: choose search, playbook, llm or command")
 
 
 @app.command()

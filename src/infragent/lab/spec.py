@@ -20,6 +20,8 @@
                                   acts_on = ["batch_limit"]   (what it moves in any stack, as `diagnose`
                                   names bottlenecks: batch_limit, kv_capacity, prefill_chunk, threads, tokenizer)
     [[scenarios]]                 name, and loadgen fields (num_prompts, max_concurrency, request_rate, ...)
+    [[playbook]]                  knobs = { max_num_seqs = 8 }, why = "..." : a tuning guide's moves, in the order
+                                  it tries them (--proposer playbook; a diagnosis reorders them)
     [[criteria]]                  scenario, metric, phase, bucket; max/min (absolute) or
                                   max_regression (relative to the baseline) with test and alpha;
                                   quality gates (perplexity_increase, kl_divergence, greedy_agreement)
@@ -181,6 +183,24 @@ class Knob(_Strict):
             raise ValueError("domain: a bool knob's domain is [true, false] (or leave it out)")
         return self
 
+    def refuses(self, value: Any) -> str | None:
+        """Why this knob cannot take `value` (wrong type or outside its domain), or None when it can."""
+        if self.type == "bool":
+            return None if isinstance(value, bool) else "needs true or false"
+        if self.type == "choice":
+            return None if value in self.domain else f"is not one of {self.domain}"
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not numeric or (self.type == "int" and not isinstance(value, int)):
+            return f"needs {'an integer' if self.type == 'int' else 'a number'}"
+        return None if self.domain[0] <= value <= self.domain[1] else f"is outside [{self.domain[0]}, {self.domain[1]}]"
+
+
+class Move(_Strict):
+    """One playbook move: knob values a tuning guide would try next, and why."""
+
+    knobs: dict[str, Union[bool, int, float, str]]
+    why: str = ""
+
 
 class Scenario(_Strict):
     """A workload: loadgen settings under a name."""
@@ -244,6 +264,7 @@ class Spec(_Strict):
     scenarios: list[Scenario] = Field(default_factory=list)
     criteria: list[Criterion] = Field(default_factory=list)
     executor: Executor = Field(default_factory=Executor)
+    playbook: list[Move] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _references_resolve(self) -> "Spec":
@@ -287,6 +308,16 @@ class Spec(_Strict):
                 if name not in self.knobs and name not in ("port", "python"):
                     raise ValueError(f"target.{field}: placeholder {{{name}}} is not a declared knob (nor {{port}} "
                                      "or {python})")
+        for i, move in enumerate(self.playbook):
+            if not move.knobs:
+                raise ValueError(f"playbook.{i}.knobs: a move sets at least one knob, e.g. knobs = {{ name = value }}")
+            for name, value in move.knobs.items():
+                if name not in self.knobs:
+                    raise ValueError(f"playbook.{i}.knobs: {name!r} is not a declared knob; known: "
+                                     f"{', '.join(self.knobs) or 'none'}")
+                refused = self.knobs[name].refuses(value)
+                if refused:
+                    raise ValueError(f"playbook.{i}.knobs: {name} = {value!r} {refused}")
         urls_port = any("{port}" in (u or "") for u in (self.target.base_url, self.target.ready_url))
         if self.target.kind == "command" and urls_port and "{port}" not in (self.target.command or ""):
             raise ValueError("target.command: base_url or ready_url uses {port} but the command never receives "
@@ -394,6 +425,9 @@ def plan(spec: Spec, baseline: dict[str, Any] | None = None) -> list[str]:
     for name, knob in spec.knobs.items():
         lines.append(f"knob {name}: {knob.type} in {knob.domain}" + (f", touches {', '.join(knob.touches)}"
                                                                      if knob.touches else ""))
+    for i, move in enumerate(spec.playbook):
+        values = ", ".join(f"{n} = {v!r}" for n, v in move.knobs.items())
+        lines.append(f"playbook move {i + 1}: {values}" + (f" ({move.why})" if move.why else ""))
     for s in spec.scenarios:
         rate = "all at once" if math.isinf(s.request_rate) else f"{s.request_rate} req/s"
         lines.append(f"scenario {s.name}: {s.num_prompts} prompts x {s.repeats} repeats, {rate}, concurrency "
