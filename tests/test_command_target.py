@@ -327,7 +327,8 @@ def test_the_diagnosis_pulls_the_playbooks_batch_move_ahead_of_the_guides_order(
 
     spec = tmp_path / "spec.toml"
     text = command_spec(ACTING, CONCURRENT).replace(
-        "--max-num-seqs {max_num_seqs}", "--max-num-seqs {max_num_seqs} --max-num-batched-tokens {max_num_batched_tokens}")
+        "--max-num-seqs {max_num_seqs}",
+        "--max-num-seqs {max_num_seqs} --max-num-batched-tokens {max_num_batched_tokens}")
     spec.write_text(text + "\n[[playbook]]\nknobs = { max_num_batched_tokens = 64 }\n\n"
                            "[[playbook]]\nknobs = { max_num_seqs = 4 }\nwhy = \"a larger batch\"\n")
     ledger, lines = Ledger(tmp_path / "ledger.sqlite"), []

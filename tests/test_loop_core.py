@@ -235,7 +235,8 @@ def test_a_playbook_move_must_name_a_declared_knob_and_a_value_in_its_domain(tmp
     from infragent.lab.spec import SpecError, load_spec
 
     head = ('[target]\nkind = "command"\ncommand = "server --port {port} --seqs {seqs}"\n'
-            'base_url = "http://127.0.0.1:{port}"\nready_url = "http://127.0.0.1:{port}/health"\n\n[knobs.seqs]\ntype = "int"\ndomain = [1, 16]\ndefault = 2\n\n'
+            'base_url = "http://127.0.0.1:{port}"\nready_url = "http://127.0.0.1:{port}/health"\n\n'
+            '[knobs.seqs]\ntype = "int"\ndomain = [1, 16]\ndefault = 2\n\n'
             '[[scenarios]]\nname = "chat"\n\n')
     for move, said in [("knobs = { sqes = 8 }", "'sqes' is not a declared knob; known: seqs"),
                        ("knobs = { seqs = 32 }", "seqs = 32 is outside [1, 16]"),

@@ -80,7 +80,8 @@ def _executor(spec_executor, kind: Optional[str], address: Optional[str]):  # no
     return chosen
 
 
-def _proposer(name: str, spec, command: Optional[str], base_url: Optional[str], model: Optional[str]):  # noqa: ANN001, ANN202
+def _proposer(name: str, spec, command: Optional[str], base_url: Optional[str],  # noqa: ANN001, ANN202
+              model: Optional[str]):
     """None for search; the playbook, llm or command proposer otherwise (errors name the missing flag, variable
     or spec table)."""
     if name == "search":
