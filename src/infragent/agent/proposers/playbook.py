@@ -56,12 +56,14 @@ class PlaybookProposer:
 
     def order(self, hypotheses: list[Hypothesis]) -> list[tuple[int, Hypothesis | None]]:
         """(move index, the hypothesis it acts on) in the order to try them."""
-        ranked: list[tuple[int, Hypothesis | None]] = []
-        for status in STANDING:
-            for h in (h for h in hypotheses if h.status == status):
-                ranked += [(i, h) for i, m in enumerate(self.moves)
-                           if set(m.knobs) & set(h.knobs) and all(i != j for j, _ in ranked)]
-        return ranked + [(i, None) for i in range(len(self.moves)) if all(i != j for j, _ in ranked)]
+        ranked: dict[int, Hypothesis | None] = {}  # insertion order is the order to try them
+        for h in sorted((h for h in hypotheses if h.status in STANDING), key=lambda h: STANDING.index(h.status)):
+            for i, move in enumerate(self.moves):
+                if set(move.knobs) & set(h.knobs):
+                    ranked.setdefault(i, h)
+        for i in range(len(self.moves)):
+            ranked.setdefault(i, None)
+        return list(ranked.items())
 
 
 def incumbent(context: ProposalContext) -> dict[str, Any]:
