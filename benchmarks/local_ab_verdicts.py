@@ -59,8 +59,8 @@ def main() -> None:
                 for proc in (a, a2, p):
                     proc.check_alive()
                 rows.append({"kind": kind, "seed": seed, "verdict": fb.verdict, "seconds": round(took, 2),
-                             "ratio": fb.numbers["e2el_ratio"].value, "lo": fb.numbers["e2el_ratio"].ci_low,
-                             "hi": fb.numbers["e2el_ratio"].ci_high, "looks": fb.details["looks"],
+                             "ratio": fb.numbers["block_ratio"].value, "lo": fb.numbers["block_ratio"].ci_low,
+                             "hi": fb.numbers["block_ratio"].ci_high, "looks": fb.details["looks"],
                              "log_ratios": fb.details["log_ratios"]})
                 print(f"{kind:8s} seed {seed}: {fb.verdict.upper():12s} ({took:4.1f} s) {fb.finding}", flush=True)
     aa = [r for r in rows if r["kind"] == "A/A"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from infragent.analysis.blocks import block_log_ratios, output_shortfall
 from infragent.analysis.serving_metrics import RequestRecord
 
@@ -31,3 +33,35 @@ def test_a_block_with_a_failed_request_or_no_counted_tokens() -> None:
     base = [_served(0, 1.0, 0), _served(1, 1.0, 0), _served(2, 1.0, 16), RequestRecord(3, 64, 16, error="HTTP 500")]
     cand = [_served(0, 0.5, 0), _served(1, 0.5, 0), _served(2, 0.5, 16), _served(3, 0.5, 16)]
     assert [round(math.exp(r), 6) for r in block_log_ratios(base, cand, 2)] == [0.5]  # latencies; block 1 left out
+
+
+def test_a_larger_batch_is_a_throughput_win_by_makespan_though_each_request_takes_longer() -> None:
+    # 4 requests sent at once: two slots serve them in two waves (1 s each); four slots in one wave of 1.6 s
+    two_slots = [RequestRecord(i, 64, 16, start_s=0.0, success=True, latency_s=1.0 if i < 2 else 2.0,
+                               output_tokens=16) for i in range(4)]
+    four_slots = [RequestRecord(i, 64, 16, start_s=0.0, success=True, latency_s=1.6, output_tokens=16)
+                  for i in range(4)]
+    latency = math.exp(block_log_ratios(two_slots, four_slots, 4, "latency")[0])
+    makespan = math.exp(block_log_ratios(two_slots, four_slots, 4, "makespan")[0])
+    assert round(latency, 6) == round(6.4 / 6.0, 6)  # the mean request is slower: no win by latency
+    assert round(makespan, 6) == 0.8  # the block is done in 1.6 s instead of 2: 25% more tokens per second
+
+
+def test_makespan_runs_from_the_blocks_first_send_to_its_last_completion() -> None:
+    base = [RequestRecord(i, 64, 16, start_s=10.0 + i, success=True, latency_s=1.0, output_tokens=16)
+            for i in range(2)]  # sent at 10 and 11, done at 11 and 12: 2 s
+    cand = [RequestRecord(i, 64, 16, start_s=50.0 + i, success=True, latency_s=0.5, output_tokens=16)
+            for i in range(2)]  # sent at 50 and 51, done at 50.5 and 51.5: 1.5 s
+    assert round(math.exp(block_log_ratios(base, cand, 2, "makespan")[0]), 6) == 0.75
+
+
+def test_an_unknown_block_metric_is_named() -> None:
+    with pytest.raises(ValueError, match="'p99'"):
+        block_log_ratios([], [], 2, "p99")
+
+
+def test_the_local_metric_follows_the_objective() -> None:
+    from infragent.agent.targets.serving_gates import local_metric
+    from infragent.lab.spec import Scenario
+    assert local_metric(Scenario(name="chat", max_concurrency=8)) == "makespan"
+    assert local_metric(Scenario(name="chat", max_concurrency=8, goodput_ms={"ttft": 200})) == "latency"

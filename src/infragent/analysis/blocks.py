@@ -2,10 +2,11 @@
 
 Requests inside one block share the server's state and the machine's phase, so they are not independent
 samples; a CI over requests is over-confident (two identical servers then "differ" by 10-20%). Each block
-is one sample here: the log of the candidate's mean latency over the baseline's on the same requests sent
-back to back. A t interval over blocks covers what really varies between blocks. A win needs that interval
-to exclude no change *and* the effect to exceed the A/A floor: the difference two identical launches of
-the baseline showed on this machine (at least 1%).
+is one sample here: the log of the candidate's time per output token over the baseline's on the same
+requests sent back to back — their summed latencies, or the block's makespan where throughput is what
+counts. A t interval over blocks covers what really varies between blocks. A win needs that interval to
+exclude no change *and* the effect to exceed the A/A floor: the difference two identical launches of the
+baseline showed on this machine (at least 1%).
 """
 from __future__ import annotations
 
@@ -40,29 +41,43 @@ class BlockEstimate:
         return (math.log(self.hi) - math.log(self.lo)) / 2 if self.blocks > 1 else math.inf
 
 
+BLOCK_METRICS = ("latency", "makespan")
+
+
 def block_log_ratios(baseline: Sequence[RequestRecord], candidate: Sequence[RequestRecord],
-                     block: int) -> list[float]:
+                     block: int, metric: str = "latency") -> list[float]:
     """Per block (request index // block), log(candidate / baseline) of the time per output token over the
-    requests both sides completed: with equal outputs (ignore_eos) that is the ratio of mean latencies; where a
-    side returned fewer tokens (a server that cut requests short) it compares the same work. A block where
-    either side failed a request is left out; one where a side counted no tokens compares latencies."""
-    def by_block(records: Sequence[RequestRecord]) -> dict[int, dict[int, tuple[float, int]]]:
-        out: dict[int, dict[int, tuple[float, int]]] = {}
+    requests both sides completed. metric "latency": the requests' summed latencies, so with equal outputs
+    (ignore_eos) the ratio of mean latencies — what a latency objective feels. metric "makespan": the block's
+    first send to its last completion, so the inverse of the block's throughput — what a throughput objective
+    feels (a larger batch finishes a block sooner even where each request takes as long). Where a side returned
+    fewer tokens (a server that cut requests short) it compares the same work. A block where either side failed
+    a request is left out; one where a side counted no tokens compares times."""
+    if metric not in BLOCK_METRICS:
+        raise ValueError(f"block metric {metric!r}: use one of {', '.join(BLOCK_METRICS)}")
+
+    def by_block(records: Sequence[RequestRecord]) -> dict[int, dict[int, RequestRecord | None]]:
+        out: dict[int, dict[int, RequestRecord | None]] = {}
         for r in records:
             if not r.warmup:
-                out.setdefault(r.index // block, {})[r.index] = (r.latency_s if r.success else math.nan,
-                                                                 r.output_tokens)
+                out.setdefault(r.index // block, {})[r.index] = r if r.success and r.latency_s > 0 else None
         return out
+
+    def time_taken(served: list[RequestRecord]) -> float:
+        if metric == "latency":
+            return sum(r.latency_s for r in served)
+        return max(r.start_s + r.latency_s for r in served) - min(r.start_s for r in served)
 
     base, cand = by_block(baseline), by_block(candidate)
     ratios = []
     for number in sorted(base.keys() & cand.keys()):
         b, c = base[number], cand[number]
-        if b.keys() != c.keys() or any(math.isnan(t) or t <= 0 for t, _ in [*b.values(), *c.values()]):
+        if b.keys() != c.keys() or None in b.values() or None in c.values():
             continue
-        tokens_b, tokens_c = sum(n for _, n in b.values()), sum(n for _, n in c.values())
+        served_b, served_c = list(b.values()), list(c.values())
+        tokens_b, tokens_c = (sum(r.output_tokens for r in served) for served in (served_b, served_c))
         per = (tokens_c, tokens_b) if tokens_b > 0 and tokens_c > 0 else (1, 1)
-        ratios.append(math.log((sum(t for t, _ in c.values()) / per[0]) / (sum(t for t, _ in b.values()) / per[1])))
+        ratios.append(math.log((time_taken(served_c) / per[0]) / (time_taken(served_b) / per[1])))
     return ratios
 
 

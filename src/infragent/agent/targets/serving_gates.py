@@ -131,21 +131,32 @@ def local_block(scenario: Scenario) -> int:
     return scenario.max_concurrency or 2
 
 
+def local_metric(scenario: Scenario) -> str:
+    """What a local A/B block compares, as the objective counts it: under SLOs (goodput) each request's latency;
+    without them (output tokens/s) the block's makespan, since a larger batch can finish a block of requests
+    sooner while each request takes as long (analysis/blocks.block_log_ratios)."""
+    return "latency" if scenario.goodput_ms else "makespan"
+
+
+LOCAL_METRIC_WORDS = {"latency": "E2E latency per output token", "makespan": "block makespan per output token"}
+
+
 def block_ratios(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int,
                  blocks: int) -> tuple[list[float], dict[str, Run]]:
     """blocks interleaved blocks of the scenario's requests (fresh prompts from seed; outputs capped at
-    LOCAL_OUTPUT_LEN tokens): per-block log latency ratios candidate/baseline, and both sides' runs."""
+    LOCAL_OUTPUT_LEN tokens): per-block log ratios candidate/baseline of the time per output token by
+    local_metric, and both sides' runs."""
     size = local_block(scenario)
     small = scenario.model_copy(update={"num_prompts": blocks * size, "repeats": 1,
                                         "random_output_len": min(scenario.random_output_len, LOCAL_OUTPUT_LEN)})
     runs = interleaved_repeat(small, {"baseline": baseline_url, "candidate": candidate_url}, seed, block=size)
-    return block_log_ratios(runs["baseline"].records, runs["candidate"].records, size), runs
+    return block_log_ratios(runs["baseline"].records, runs["candidate"].records, size, local_metric(scenario)), runs
 
 
 def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int, floor: float,
              blocks: int = LOCAL_BLOCKS) -> Feedback:
     """A short A/B, block by block, judged over blocks (analysis/blocks.py): pass = a win (the interval of
-    the latency ratio lies below 1 and the effect exceeds the A/A floor), fail = a loss the same way round,
+    the time-per-token ratio (local_metric) lies below 1 and the effect exceeds the A/A floor), fail = a loss the same way round,
     inconclusive otherwise. When the first look cannot decide but could still show a win, a second look
     with as many fresh blocks is pooled with it."""
     ratios, runs = block_ratios(scenario, baseline_url, candidate_url, seed, blocks)
@@ -159,14 +170,14 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
                           + more_runs[side].duration_s, runs[side].slos_ms) for side in runs}
     outcome = block_verdict(estimate, floor)
     obj_b, obj_c = objective(runs["baseline"]), objective(runs["candidate"])
-    if outcome == "win" and obj_c < obj_b:  # faster requests but less of what the search maximizes
+    if (outcome, obj_c < obj_b) in (("win", True), ("loss", False)):  # the blocks and the objective disagree
         outcome = "inconclusive"
-    numbers = {"e2el_ratio": Measure(estimate.ratio, "x", estimate.lo, estimate.hi, estimate.blocks),
+    numbers = {"block_ratio": Measure(estimate.ratio, "x", estimate.lo, estimate.hi, estimate.blocks),
                "aa_floor": Measure(floor, "log"), "objective_baseline": Measure(obj_b),
                "objective_candidate": Measure(obj_c)}
     change = f"{abs(estimate.ratio - 1):.1%} {'faster' if estimate.ratio < 1 else 'slower'}"
     cut = shortfall_note({side: run.records for side, run in runs.items()})
-    finding = (f"E2E latency per output token x{estimate.ratio:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}] "
+    finding = (f"{LOCAL_METRIC_WORDS[local_metric(scenario)]} x{estimate.ratio:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}] "
                f"candidate/baseline ({change}) over {estimate.blocks} blocks of {local_block(scenario)} requests, "
                f"{LOCAL_CONFIDENCE:.1%} CI; A/A floor: a win needs x<{math.exp(-floor):.3f}, a loss "
                f"x>{math.exp(floor):.3f}; objective {obj_c:.3g} vs {obj_b:.3g}: "
@@ -175,8 +186,8 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
                + (f" ({cut}: compared per token delivered)" if cut else ""))
     verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
     return Feedback("local_ab", verdict, finding, numbers=numbers,
-                    details={"outcome": outcome, "log_ratios": ratios, "looks": looks,
-                             "block": local_block(scenario), "confidence": LOCAL_CONFIDENCE})
+                    details={"outcome": outcome, "metric": local_metric(scenario), "log_ratios": ratios,
+                             "looks": looks, "block": local_block(scenario), "confidence": LOCAL_CONFIDENCE})
 
 
 def shortfall_note(records: dict[str, list], why: str = "") -> str:
@@ -197,7 +208,8 @@ def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: i
     estimate = block_estimate(ratios, LOCAL_CONFIDENCE)
     floor = aa_floor(estimate)
     finding = (f"A/A: two launches of the baseline differ by x{estimate.ratio:.3f} [{estimate.lo:.3f}, "
-               f"{estimate.hi:.3f}] over {estimate.blocks} blocks; a local win needs x<{math.exp(-floor):.3f} "
+               f"{estimate.hi:.3f}] in {LOCAL_METRIC_WORDS[local_metric(scenario)]} over {estimate.blocks} blocks; "
+               f"a local win needs x<{math.exp(-floor):.3f} "
                f"(a loss x>{math.exp(floor):.3f})")
     return Feedback("calibration", "pass" if math.isfinite(floor) else "inconclusive", finding,
                     numbers={"aa_floor": Measure(floor, "log"),
