@@ -10,7 +10,9 @@ where percentile-bootstrap intervals of a median run narrow).
 Absolute criteria (max/min) use the metric of each repeat; the estimate is their median, with a bootstrap
 CI across repeats. Relative criteria (max_regression) estimate the regression (worse > 0) against the
 baseline. The default test pairs each request with its twin in the baseline (loadgen's seeds give both the
-same prompts): the estimate is the median per-request ratio, with a bootstrap CI over the pairs.
+same prompts): the estimate is the median per-request ratio, with a bootstrap CI over the pairs. With three
+or more twin repeats a median is also estimated from the repeats' own medians, each way at alpha/2, and the
+one that decides is kept (a batching change scatters twin requests across queue waves; see _decisive).
 "mann-whitney", tail metrics (p90, p99) and unmatched runs compare the two samples' statistics unpaired.
 Run-level metrics (throughputs) compare repeats: paired when the repeats are twins (the same prompts, run
 interleaved, as the loop's end-to-end gate runs them), as the ratio per twin repeat with a 20% trimmed mean
@@ -20,7 +22,7 @@ Mann–Whitney unpaired) is kept as information; it does not decide.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -251,7 +253,12 @@ def _relative(c: Criterion, candidate: list[Run], baseline: list[Run], bucket: s
     cand_stat, base_stat = float(np.percentile(cand_values, q)), float(np.percentile(base_values, q))
     pairs = _paired(c.metric, candidate, baseline, bucket, bounds) if c.test == "paired" else []
     rng = np.random.default_rng(seed)
-    if len(pairs) >= 10 and q == 50.0:
+    repeat_values = ([run_value(r, c.metric, _in_bucket(r.records, bucket, bounds)) for r in run]
+                     for run in (candidate, baseline))
+    confidence = 1 - c.alpha
+    if len(pairs) >= 10 and q == 50.0 and len(candidate) >= 3 and _twins(candidate, baseline):
+        est, confidence = _decisive(c, np.asarray(pairs), *(np.asarray(v) for v in repeat_values), rng)
+    elif len(pairs) >= 10 and q == 50.0:
         est = _paired_estimate(np.asarray(pairs), c.higher_is_better, c.alpha, rng)
     elif by_repeat and c.test == "paired" and _twins(candidate, baseline) and _positive(cand_values + base_values):
         est = _twin_repeats_estimate(np.asarray(cand_values), np.asarray(base_values), c.higher_is_better, c.alpha)
@@ -261,12 +268,12 @@ def _relative(c: Criterion, candidate: list[Run], baseline: list[Run], bucket: s
     verdict = verdict_of(est.lo, est.hi, c.max_regression, "max_regression")
     return Judgement(**where, verdict=verdict, value=cand_stat, ci=(est.lo, est.hi), baseline=base_stat,
                      regression=est.regression, p_value=est.p_value,
-                     message=_relative_message(c, est, cand_stat, base_stat, verdict, where),
-                     limit=c.max_regression, rule="max_regression", method=est.method, confidence=1 - c.alpha)
+                     message=_relative_message(c, est, cand_stat, base_stat, verdict, where, confidence),
+                     limit=c.max_regression, rule="max_regression", method=est.method, confidence=confidence)
 
 
 def _relative_message(c: Criterion, est: _Estimate, cand_stat: float, base_stat: float, verdict: str,
-                      where: dict) -> str:
+                      where: dict, confidence: float) -> str:
     """The direction word comes from the sign of the estimate printed beside it; the medians printed beside
     a paired estimate are named unpaired, since the two can disagree in sign."""
     direction = ("regressed" if est.regression > 0 else "improved" if est.regression < 0
@@ -274,7 +281,7 @@ def _relative_message(c: Criterion, est: _Estimate, cand_stat: float, base_stat:
     why = "" if np.isfinite([est.lo, est.hi]).all() else "a statistic of zero leaves no finite ratio"
     unpaired = "unpaired " if est.method.startswith("paired") else ""
     return (f"{c.metric} {direction}: regression {est.regression:+.1%} [{est.lo:+.1%}, {est.hi:+.1%}] ({est.method}, "
-            f"{1 - c.alpha:.1%} CI, worse > 0; {unpaired}candidate {est.stat} {cand_stat:.4g} vs baseline "
+            f"{confidence:.1%} CI, worse > 0; {unpaired}candidate {est.stat} {cand_stat:.4g} vs baseline "
             f"{base_stat:.4g}{_unit(c.metric)}; p={est.p_value:.3g}) {_place(where)}; "
             + _close(verdict, "max_regression", c.max_regression, why))
 
@@ -288,6 +295,29 @@ def _paired_estimate(pairs: np.ndarray, higher_is_better: bool, alpha: float, rn
     p = float(wilcoxon(worse_log, alternative="greater").pvalue) if np.any(worse_log != 0) else 1.0
     return _Estimate(float(np.expm1(np.median(worse_log))), lo, hi, p,
                      f"paired median ratio over {worse_log.size} pairs", "median")
+
+
+def _decisive(c: Criterion, pairs: np.ndarray, cand_repeats: np.ndarray, base_repeats: np.ndarray,
+              rng: np.random.Generator) -> tuple[_Estimate, float]:
+    """A median over twin repeats, estimated two ways at alpha/2 each (Bonferroni, so a wrong verdict from
+    either stays under alpha): twin requests paired (which cancels the spread of prompt lengths) and the
+    repeats' own medians paired (which holds where a request's place in the queue, not its prompt, sets its
+    latency: a batching change moves requests between waves, so twin requests differ widely while the
+    median moves steadily). The estimate that decides is kept; if they decide opposite ways, or neither
+    does, the verdict is inconclusive. Returns the estimate and its confidence."""
+    half = c.alpha / 2
+    by_request = _paired_estimate(pairs, c.higher_is_better, half, rng)
+    if not _positive(list(cand_repeats) + list(base_repeats)):
+        return by_request, 1 - half
+    by_repeat = _twin_repeats_estimate(cand_repeats, base_repeats, c.higher_is_better, half)
+    verdicts = [verdict_of(e.lo, e.hi, c.max_regression, "max_regression") for e in (by_request, by_repeat)]
+    decided = [e for e, v in zip((by_request, by_repeat), verdicts) if v != "inconclusive"]
+    if len(set(verdicts) - {"inconclusive"}) == 1:
+        return decided[0], 1 - half
+    both = "; they disagree" if len(decided) == 2 else ""
+    return replace(by_request, method=f"{by_request.method}{both}; by twin repeats: regression "
+                                                  f"{by_repeat.regression:+.1%} [{by_repeat.lo:+.1%}, "
+                                                  f"{by_repeat.hi:+.1%}]"), 1 - half
 
 
 def _twins(candidate: list[Run], baseline: list[Run]) -> bool:
