@@ -286,3 +286,47 @@ def test_repeats_of_other_prompts_are_not_twins():
             r.prompt_len += 1  # other prompts: a stored baseline measured another time
     j = judge(THROUGHPUT, _twin_throughput_runs(rng, machine, 0.92), other)[0]
     assert "unpaired median of 4 vs 4 repeats" in j.message, j.message
+
+
+E2EL_MEDIAN = Criterion(scenario="s", metric="e2el_median_ms", max_regression=0.02)
+
+
+def _queue_wave_runs(rng: np.random.Generator, machine: np.ndarray, batch_s: float | None) -> list[Run]:
+    """Twin repeats of 4 blocks of 8 requests sent at once. batch_s None: two slots, so a request lands in
+    one of four waves at random (latency 1-4 s); else all 8 run as one batch in batch_s."""
+    runs = []
+    for speed in machine:
+        records = []
+        for block in range(4):
+            waves = rng.permutation([1.0, 1, 2, 2, 3, 3, 4, 4]) if batch_s is None else np.full(8, batch_s)
+            for i, wave in enumerate(waves):
+                records.append(RequestRecord(8 * block + i, 64, 32, success=True, ttft_s=0.1,
+                                             latency_s=float(wave * speed * rng.lognormal(0, 0.02)),
+                                             output_tokens=32))
+        runs.append(Run(records, duration_s=10.0))
+    return runs
+
+
+@pytest.mark.parametrize("batch_s, verdicts", [(2.3, {"pass"}), (2.9, {"fail", "inconclusive"})])
+def test_a_median_moved_by_batching_is_judged_on_the_repeats_medians(batch_s, verdicts):
+    # Twin requests land in different queue waves (ratios from 0.6 to 2.3), so pairing requests leaves an 8%
+    # median gain unproven; the repeats' medians move together and show it. A 16% loss never passes.
+    rng = np.random.default_rng(11)
+    seen = []
+    for k in range(20):
+        machine = rng.lognormal(0, 0.03, size=4)
+        j = judge(E2EL_MEDIAN, _queue_wave_runs(rng, machine, batch_s), _queue_wave_runs(rng, machine, None),
+                  seed=k)[0]
+        seen.append(j.verdict)
+        assert j.verdict in verdicts, j.message
+    if batch_s < 2.5:
+        assert "twin repeats" in j.message and "97.5% CI" in j.message, j.message
+
+
+def test_pairing_requests_alone_cannot_show_a_median_moved_by_batching(monkeypatch):
+    from infragent.lab import criteria
+    monkeypatch.setattr(criteria, "_twins", lambda candidate, baseline: False)  # the per-request pairs only
+    rng = np.random.default_rng(11)
+    verdicts = [judge(E2EL_MEDIAN, _queue_wave_runs(rng, m, 2.3), _queue_wave_runs(rng, m, None), seed=k)[0].verdict
+                for k, m in enumerate(rng.lognormal(0, 0.03, size=(20, 4)))]
+    assert verdicts.count("pass") <= 5, verdicts
