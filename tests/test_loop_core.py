@@ -251,3 +251,13 @@ def test_a_playbook_move_must_name_a_declared_knob_and_a_value_in_its_domain(tmp
     assert load_spec(path).playbook[0].knobs == {"seqs": 4}
     with pytest.raises(ProposalError, match=r"no \[\[playbook\]\] moves"):
         PlaybookProposer([])
+
+
+def test_the_limit_says_whether_measured_proposals_failed_or_were_left_inconclusive() -> None:
+    trials = [{"trial": 0, "status": "measured", "feasible": False, "objective": 14.0,
+               "judgements": [{"verdict": "pass"}, {"verdict": "inconclusive"}]},
+              {"trial": 1, "status": "measured", "feasible": False, "objective": 9.0,
+               "judgements": [{"verdict": "fail"}]}]
+    best, limits = best_of(trials)
+    assert best is None
+    assert limits == ["no measured proposal passed every criterion (1 failed one, 1 left one inconclusive)"]

@@ -60,7 +60,9 @@ def best_of(trials: list[dict]) -> tuple[dict | None, list[str]]:
         limits.append("no proposal reached an end-to-end run (" + "; ".join(sorted({t.get("why", "") for t in trials}))
                       + ")")
     elif not feasible:
-        limits.append("every measured proposal failed a criterion")
+        failed = sum(any(j.get("verdict") == "fail" for j in t.get("judgements") or []) for t in measured)
+        limits.append(f"no measured proposal passed every criterion ({failed} failed one, "
+                      f"{len(measured) - failed} left one inconclusive)")
     best = max(feasible, key=ranking, default=None)
     return best, limits
 
