@@ -330,3 +330,13 @@ def test_pairing_requests_alone_cannot_show_a_median_moved_by_batching(monkeypat
     verdicts = [judge(E2EL_MEDIAN, _queue_wave_runs(rng, m, 2.3), _queue_wave_runs(rng, m, None), seed=k)[0].verdict
                 for k, m in enumerate(rng.lognormal(0, 0.03, size=(20, 4)))]
     assert verdicts.count("pass") <= 5, verdicts
+
+
+def test_two_estimates_that_decide_opposite_ways_are_inconclusive():
+    from infragent.lab.criteria import _decisive
+    rng = np.random.default_rng(12)
+    pairs = np.column_stack([np.full(60, 0.9), np.ones(60)]) * rng.lognormal(0, 0.01, size=(60, 1))  # 10% better
+    cand, base = np.array([1.30, 1.31, 1.29, 1.30]), np.ones(4)  # the repeats' medians: 30% worse
+    est, confidence = _decisive(E2EL_MEDIAN, pairs, cand, base, rng)
+    assert est.lo < E2EL_MEDIAN.max_regression < est.hi and "they disagree" in est.method
+    assert confidence == pytest.approx(0.975)

@@ -314,10 +314,12 @@ def _decisive(c: Criterion, pairs: np.ndarray, cand_repeats: np.ndarray, base_re
     decided = [e for e, v in zip((by_request, by_repeat), verdicts) if v != "inconclusive"]
     if len(set(verdicts) - {"inconclusive"}) == 1:
         return decided[0], 1 - half
-    both = "; they disagree" if len(decided) == 2 else ""
-    return replace(by_request, method=f"{by_request.method}{both}; by twin repeats: regression "
-                                                  f"{by_repeat.regression:+.1%} [{by_repeat.lo:+.1%}, "
-                                                  f"{by_repeat.hi:+.1%}]"), 1 - half
+    method = (f"{by_request.method}; by twin repeats: regression {by_repeat.regression:+.1%} "
+              f"[{by_repeat.lo:+.1%}, {by_repeat.hi:+.1%}]")
+    if len(decided) == 2:  # opposite verdicts: the interval spanning both reaches across the limit
+        return replace(by_request, lo=min(by_request.lo, by_repeat.lo), hi=max(by_request.hi, by_repeat.hi),
+                       method=f"{method}; they disagree, so both intervals are shown as one"), 1 - half
+    return replace(by_request, method=method), 1 - half
 
 
 def _twins(candidate: list[Run], baseline: list[Run]) -> bool:

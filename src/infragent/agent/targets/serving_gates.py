@@ -150,15 +150,16 @@ def block_ratios(scenario: Scenario, baseline_url: str, candidate_url: str, seed
     small = scenario.model_copy(update={"num_prompts": blocks * size, "repeats": 1,
                                         "random_output_len": min(scenario.random_output_len, LOCAL_OUTPUT_LEN)})
     runs = interleaved_repeat(small, {"baseline": baseline_url, "candidate": candidate_url}, seed, block=size)
-    return block_log_ratios(runs["baseline"].records, runs["candidate"].records, size, local_metric(scenario)), runs
+    metric = local_metric(scenario)
+    return block_log_ratios(runs["baseline"].records, runs["candidate"].records, size, metric), runs
 
 
 def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int, floor: float,
              blocks: int = LOCAL_BLOCKS) -> Feedback:
     """A short A/B, block by block, judged over blocks (analysis/blocks.py): pass = a win (the interval of
-    the time-per-token ratio (local_metric) lies below 1 and the effect exceeds the A/A floor), fail = a loss the same way round,
-    inconclusive otherwise. When the first look cannot decide but could still show a win, a second look
-    with as many fresh blocks is pooled with it."""
+    the time-per-token ratio by local_metric lies below 1 and the effect exceeds the A/A floor), fail = a
+    loss the same way round, inconclusive otherwise. When the first look cannot decide but could still show
+    a win, a second look with as many fresh blocks is pooled with it."""
     ratios, runs = block_ratios(scenario, baseline_url, candidate_url, seed, blocks)
     estimate = block_estimate(ratios, LOCAL_CONFIDENCE)
     looks = 1
@@ -177,8 +178,9 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
                "objective_candidate": Measure(obj_c)}
     change = f"{abs(estimate.ratio - 1):.1%} {'faster' if estimate.ratio < 1 else 'slower'}"
     cut = shortfall_note({side: run.records for side, run in runs.items()})
-    finding = (f"{LOCAL_METRIC_WORDS[local_metric(scenario)]} x{estimate.ratio:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}] "
-               f"candidate/baseline ({change}) over {estimate.blocks} blocks of {local_block(scenario)} requests, "
+    finding = (f"{LOCAL_METRIC_WORDS[local_metric(scenario)]} x{estimate.ratio:.3f} [{estimate.lo:.3f}, "
+               f"{estimate.hi:.3f}] candidate/baseline ({change}) over {estimate.blocks} blocks of "
+               f"{local_block(scenario)} requests, "
                f"{LOCAL_CONFIDENCE:.1%} CI; A/A floor: a win needs x<{math.exp(-floor):.3f}, a loss "
                f"x>{math.exp(floor):.3f}; objective {obj_c:.3g} vs {obj_b:.3g}: "
                + {"win": "a real local win", "loss": "a real local loss",
