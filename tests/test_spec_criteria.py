@@ -319,7 +319,7 @@ def test_a_median_moved_by_batching_is_judged_on_the_repeats_medians(batch_s, ve
                   seed=k)[0]
         seen.append(j.verdict)
         assert j.verdict in verdicts, j.message
-    if batch_s < 2.5:
+    if verdicts == {"pass"}:  # the gain: the repeats' medians decided it
         assert "twin repeats" in j.message and "97.5% CI" in j.message, j.message
 
 

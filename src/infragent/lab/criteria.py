@@ -240,10 +240,12 @@ def _relative(c: Criterion, candidate: list[Run], baseline: list[Run], bucket: s
               seed: int, where: dict) -> Judgement:
     cand_values = request_values([r for run in candidate for r in _in_bucket(run.records, bucket, bounds)], c.metric)
     base_values = request_values([r for run in baseline for r in _in_bucket(run.records, bucket, bounds)], c.metric)
+    def per_repeat(runs: list[Run]) -> list[float]:
+        return [run_value(r, c.metric, _in_bucket(r.records, bucket, bounds)) for r in runs]
+
     by_repeat = cand_values is None or c.test == "bootstrap"  # run-level metric, or asked for: compare repeats
     if by_repeat:
-        cand_values = [run_value(r, c.metric, _in_bucket(r.records, bucket, bounds)) for r in candidate]
-        base_values = [run_value(r, c.metric, _in_bucket(r.records, bucket, bounds)) for r in baseline]
+        cand_values, base_values = per_repeat(candidate), per_repeat(baseline)
     q = 50.0 if by_repeat else _quantile(c.metric)
     if len(cand_values) < 2 or len(base_values) < 2:
         return Judgement(**where, verdict="inconclusive", value=float("nan"), ci=(float("nan"),) * 2,
@@ -253,11 +255,10 @@ def _relative(c: Criterion, candidate: list[Run], baseline: list[Run], bucket: s
     cand_stat, base_stat = float(np.percentile(cand_values, q)), float(np.percentile(base_values, q))
     pairs = _paired(c.metric, candidate, baseline, bucket, bounds) if c.test == "paired" else []
     rng = np.random.default_rng(seed)
-    repeat_values = ([run_value(r, c.metric, _in_bucket(r.records, bucket, bounds)) for r in run]
-                     for run in (candidate, baseline))
     confidence = 1 - c.alpha
     if len(pairs) >= 10 and q == 50.0 and len(candidate) >= 3 and _twins(candidate, baseline):
-        est, confidence = _decisive(c, np.asarray(pairs), *(np.asarray(v) for v in repeat_values), rng)
+        est, confidence = _decisive(c, np.asarray(pairs), np.asarray(per_repeat(candidate)),
+                                    np.asarray(per_repeat(baseline)), rng)
     elif len(pairs) >= 10 and q == 50.0:
         est = _paired_estimate(np.asarray(pairs), c.higher_is_better, c.alpha, rng)
     elif by_repeat and c.test == "paired" and _twins(candidate, baseline) and _positive(cand_values + base_values):
