@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from infragent.analysis.blocks import block_log_ratios, output_shortfall
+from infragent.analysis.blocks import (MIN_FLOOR, aa_floor, block_estimate, block_log_ratios, block_verdict,
+                                       output_shortfall)
 from infragent.analysis.serving_metrics import RequestRecord
 
 
@@ -65,3 +66,28 @@ def test_the_local_metric_follows_the_objective() -> None:
     from infragent.lab.spec import Scenario
     assert local_metric(Scenario(name="chat", max_concurrency=8)) == "makespan"
     assert local_metric(Scenario(name="chat", max_concurrency=8, goodput_ms={"ttft": 200})) == "latency"
+
+
+# Two real A/A looks from benchmarks/results/local_ab_verdicts-makespan-s36.json (identical servers): their
+# centres lie beyond any 2% floor, but their 97.5% intervals reach past it.
+AA_LOOKS = ([-0.051, -0.069, -0.035, -0.013, -0.073, -0.023], [-0.053, -0.09, -0.022, -0.064, -0.001, -0.068])
+PLANTED_LOOK = [-0.2, -0.186, -0.148, -0.178, -0.153, -0.197]  # the same run's planted 25% decode slowdown
+
+
+def test_a_local_win_needs_the_whole_interval_beyond_the_floor() -> None:
+    floor = aa_floor(block_estimate([0.001, -0.002, 0.003, -0.001, 0.0, 0.002, -0.003, 0.001], 0.975))
+    assert floor == MIN_FLOOR
+    for look in AA_LOOKS:
+        estimate = block_estimate(look, 0.975)
+        assert estimate.ratio < math.exp(-floor) and estimate.hi < 1.0  # a centre-beyond-the-floor rule said "win"
+        assert block_verdict(estimate, floor) == "inconclusive"
+    assert block_verdict(block_estimate(PLANTED_LOOK, 0.975), floor) == "win"
+    assert block_verdict(block_estimate([-x for x in PLANTED_LOOK], 0.975), floor) == "loss"
+
+
+def test_the_aa_floor_is_the_offset_or_where_a_bias_shows_its_outer_bound() -> None:
+    noisy = block_estimate([0.09, -0.07, 0.05, -0.08, 0.06, -0.04, 0.02, -0.01], 0.975)
+    assert noisy.lo < 1 < noisy.hi and aa_floor(noisy) == MIN_FLOOR  # its noise is in the candidate's interval
+    biased = block_estimate([0.05, 0.04, 0.06, 0.05, 0.045, 0.055, 0.05, 0.04], 0.975)
+    assert biased.lo > 1 and aa_floor(biased) == pytest.approx(math.log(biased.hi))
+    assert aa_floor(biased, least=0.5) == 0.5 and aa_floor(block_estimate([0.01])) == math.inf

@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from infragent.analysis.blocks import block_estimate
+from infragent.analysis.blocks import aa_floor, block_estimate
 from infragent.probes.step_bench import (MAX_ROUNDS, MIN_ROUNDS, PAIR_ROUNDS, STEP_MIN_FLOOR, WARMUP_UNITS, Unit,
-                                         step_aa_floor, step_bench, step_floor)
+                                         step_bench, step_floor)
 
 
 class TimedChild:
@@ -102,15 +102,16 @@ def test_every_block_is_a_fresh_pair_and_a_verdict_is_read_at_an_even_count() ->
 
 def test_the_step_floor_is_the_bias_the_aa_shows_and_at_least_the_minimum() -> None:
     tight = block_estimate([0.001, -0.002, 0.0015, -0.001, 0.0005, 0.0, 0.001, -0.0005])
-    assert step_aa_floor(tight) == STEP_MIN_FLOOR
+    assert aa_floor(tight, STEP_MIN_FLOOR) == STEP_MIN_FLOOR
     wide = block_estimate([-0.08, -0.02, -0.06, -0.01, -0.07, -0.03, -0.05, -0.04])
-    assert step_aa_floor(wide) == pytest.approx(-math.log(wide.lo)) and step_aa_floor(wide) > STEP_MIN_FLOOR
-    assert step_aa_floor(block_estimate([0.01])) == math.inf
+    floor = aa_floor(wide, STEP_MIN_FLOOR)
+    assert floor == pytest.approx(-math.log(wide.lo)) and floor > STEP_MIN_FLOOR
+    assert aa_floor(block_estimate([0.01]), STEP_MIN_FLOOR) == math.inf
     noisy = block_estimate([0.09, -0.07, 0.05, -0.08, 0.06, -0.04, 0.02, -0.01])  # contains 1: noise, no bias shown
     assert noisy.lo < 1 < noisy.hi and -math.log(noisy.lo) > 0.04
-    assert step_aa_floor(noisy) == STEP_MIN_FLOOR  # its noise is in the candidate's own interval already
+    assert aa_floor(noisy, STEP_MIN_FLOOR) == STEP_MIN_FLOOR  # its noise is in the candidate's own interval already
     offset = block_estimate([0.12, -0.04, 0.10, -0.03, 0.09, -0.05, 0.11, 0.02])  # contains 1, an offset of ~4%
-    assert offset.lo < 1 < offset.hi and step_aa_floor(offset) == pytest.approx(math.log(offset.ratio))
+    assert offset.lo < 1 < offset.hi and aa_floor(offset, STEP_MIN_FLOOR) == pytest.approx(math.log(offset.ratio))
 
 
 def test_no_aa_is_run_for_a_candidate_that_does_not_win() -> None:

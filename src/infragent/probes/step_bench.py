@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from infragent.analysis.blocks import BlockEstimate, block_estimate, could_win_by
+from infragent.analysis.blocks import aa_floor, block_estimate, block_verdict, could_win_by
 from infragent.probes.contention import WAIT_SHARE
 from infragent.probes.feedback import Feedback, Measure
 from infragent.probes.step_child import start_child
@@ -265,11 +265,11 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     while True:
         def decided(logs: dict[str, list[float]], floor: float = floor) -> bool:
             estimate = block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)
-            return step_verdict(estimate, floor) == "win" or not could_win_by(estimate, floor, rounds)
+            return block_verdict(estimate, floor) == "win" or not could_win_by(estimate, floor, rounds)
 
         logs = step_rounds(baseline, candidate, unit, rounds, decided, logs)
         total = block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)
-        if aa is None or step_verdict(total, floor) != "win":
+        if aa is None or block_verdict(total, floor) != "win":
             break
         margin = -math.log(total.hi)
         measured = aa(margin)
@@ -279,7 +279,7 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
         # the A/A is wider than this win: more rounds may still show one beyond it
     ran = len(logs["total"])
     estimates = {phase: block_estimate(values, CONFIDENCE, STEP_TRIM) for phase, values in logs.items()}
-    outcome = step_verdict(estimates["total"], floor)
+    outcome = block_verdict(estimates["total"], floor)
     numbers = {f"{phase}_ratio": Measure(e.ratio, "x", e.lo, e.hi, e.blocks) for phase, e in estimates.items()}
     numbers["floor"] = Measure(floor, "log")
     phases = ", ".join(f"{phase} x{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]" for phase, e in estimates.items())
@@ -287,7 +287,7 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
             "inconclusive": "not shown (inconclusive: neither a win nor a loss beyond the floor)"}[outcome]
     finding = (f"engine steps candidate/baseline: {phases} over {ran} blocks (a fresh pair of children each, "
                f"{PAIR_ROUNDS} alternating rounds; {len(unit.prompts)} prompts, {unit.max_tokens} tokens each; "
-               f"{CONFIDENCE:.0%} CI per look); a win needs total x<{math.exp(-floor):.3f} "
+               f"{CONFIDENCE:.0%} CI per look); a win needs the whole total interval below x{math.exp(-floor):.3f} "
                f"({_floor_source(floor, asked)}): {said}" + queued.said())
     verdict = {"win": "pass", "loss": "fail", "inconclusive": "inconclusive"}[outcome]
     return Feedback("step_bench", verdict, finding, numbers,
@@ -325,50 +325,28 @@ class QueueWait:
                 f" less that wait)" if share > WAIT_SHARE else "")
 
 
-def step_verdict(estimate: BlockEstimate, floor: float) -> str:
-    """"win" (the whole interval faster than the floor), "loss" (the whole interval slower than it), or
-    "inconclusive"."""
-    if estimate.blocks < 2:
-        return "inconclusive"
-    if estimate.hi < math.exp(-floor):
-        return "win"
-    if estimate.lo > math.exp(floor):
-        return "loss"
-    return "inconclusive"
-
-
-def step_aa_floor(estimate: BlockEstimate) -> float:
-    """The step bench's floor from its A/A (log), at least STEP_MIN_FLOOR: the A/A's offset from 1 when its
-    interval contains 1 (no bias beyond noise), its outer bound when the interval excludes 1 (a bias)."""
-    if estimate.blocks < 2:
-        return math.inf
-    if estimate.lo <= 1.0 <= estimate.hi:
-        return max(STEP_MIN_FLOOR, abs(math.log(estimate.ratio)))
-    return max(STEP_MIN_FLOOR, abs(math.log(estimate.lo)), abs(math.log(estimate.hi)))
-
-
 def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float = 0.0,
                logs: dict[str, list[float]] | None = None) -> Feedback:
     """The A/A floor of the step bench: the baseline's engine against a second child of the same code, rounds
     added (to logs, from an earlier call) until the floor is known to lie below margin (log: the distance of
-    a win from no change) or there are MAX_ROUNDS (step_aa_floor: the A/A's offset, or its outer bound where
+    a win from no change) or there are MAX_ROUNDS (analysis/blocks.aa_floor: the A/A's offset, or its outer bound where
     it shows a bias). An early stop reads the 99% interval, so that looking after every round cannot stop on
     a lucky one."""
     def settled(logs: dict[str, list[float]]) -> bool:
-        return step_aa_floor(block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)) < margin
+        return aa_floor(block_estimate(logs["total"], CONFIDENCE, STEP_TRIM), STEP_MIN_FLOOR) < margin
 
     queued = QueueWait(baseline, twin)
     logs = step_rounds(baseline, twin, unit, MAX_ROUNDS, settled, logs)
     rounds = len(logs["total"])
     estimate = block_estimate(logs["total"], AA_CONFIDENCE, STEP_TRIM)
-    floor = step_aa_floor(estimate)
+    floor = aa_floor(estimate, STEP_MIN_FLOOR)
     return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
                     f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} blocks (fresh pairs; "
                     + ("contains 1: no bias beyond noise" if estimate.lo <= 1 <= estimate.hi else
                        "excludes 1: a bias, held against by its outer bound")
-                    + f"); a step win needs x<{math.exp(-floor):.3f}" + queued.said(), numbers={"aa_floor": Measure(floor, "log"),
-                                                         "aa_ratio": Measure(estimate.ratio, "x", estimate.lo,
-                                                                             estimate.hi, rounds)},
+                    + f"); a step win needs its whole interval below x{math.exp(-floor):.3f}" + queued.said(),
+                    numbers={"aa_floor": Measure(floor, "log"),
+                             "aa_ratio": Measure(estimate.ratio, "x", estimate.lo, estimate.hi, rounds)},
                     details={"log_ratios": logs, "wait_share": queued.share()})
 
 

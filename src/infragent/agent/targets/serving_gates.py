@@ -157,8 +157,8 @@ def block_ratios(scenario: Scenario, baseline_url: str, candidate_url: str, seed
 def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: int, floor: float,
              blocks: int = LOCAL_BLOCKS) -> Feedback:
     """A short A/B, block by block, judged over blocks (analysis/blocks.py): pass = a win (the interval of
-    the time-per-token ratio by local_metric lies below 1 and the effect exceeds the A/A floor), fail = a
-    loss the same way round, inconclusive otherwise. When the first look cannot decide but could still show
+    the time-per-token ratio by local_metric lies wholly below the A/A floor, analysis/blocks.block_verdict),
+    fail = a loss the same way round, inconclusive otherwise. When the first look cannot decide but could still show
     a win, a second look with as many fresh blocks is pooled with it."""
     ratios, runs = block_ratios(scenario, baseline_url, candidate_url, seed, blocks)
     estimate = block_estimate(ratios, LOCAL_CONFIDENCE)
@@ -181,8 +181,8 @@ def local_ab(scenario: Scenario, baseline_url: str, candidate_url: str, seed: in
     finding = (f"{LOCAL_METRIC_WORDS[local_metric(scenario)]} x{estimate.ratio:.3f} [{estimate.lo:.3f}, "
                f"{estimate.hi:.3f}] candidate/baseline ({change}) over {estimate.blocks} blocks of "
                f"{local_block(scenario)} requests, "
-               f"{LOCAL_CONFIDENCE:.1%} CI; A/A floor: a win needs x<{math.exp(-floor):.3f}, a loss "
-               f"x>{math.exp(floor):.3f}; objective {obj_c:.3g} vs {obj_b:.3g}: "
+               f"{LOCAL_CONFIDENCE:.1%} CI; A/A floor: a win needs the whole interval below x{math.exp(-floor):.3f}, "
+               f"a loss above x{math.exp(floor):.3f}; objective {obj_c:.3g} vs {obj_b:.3g}: "
                + {"win": "a real local win", "loss": "a real local loss",
                   "inconclusive": "inconclusive (no effect beyond the A/A floor that the blocks can show)"}[outcome]
                + (f" ({cut}: compared per token delivered)" if cut else ""))
@@ -201,7 +201,7 @@ def shortfall_note(records: dict[str, list], why: str = "") -> str:
 def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: int,
                    blocks: int = LOCAL_BLOCKS + 2) -> Feedback:
     """The A/A floor on this machine: the local A/B between two launches of the baseline; the floor is the
-    relative difference it shows (analysis/blocks.aa_floor)."""
+    offset it shows, or its outer bound where it shows a bias (analysis/blocks.aa_floor)."""
     ratios, runs = block_ratios(scenario, baseline_url, twin_url, seed, blocks)
     failed = [r for run in runs.values() for r in run.records if not r.success and not r.warmup]
     if failed and not any(r.success and not r.warmup for run in runs.values() for r in run.records):
@@ -211,8 +211,8 @@ def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: i
     floor = aa_floor(estimate)
     finding = (f"A/A: two launches of the baseline differ by x{estimate.ratio:.3f} [{estimate.lo:.3f}, "
                f"{estimate.hi:.3f}] in {LOCAL_METRIC_WORDS[local_metric(scenario)]} over {estimate.blocks} blocks; "
-               f"a local win needs x<{math.exp(-floor):.3f} "
-               f"(a loss x>{math.exp(floor):.3f})")
+               f"a local win needs its whole interval below x{math.exp(-floor):.3f} "
+               f"(a loss above x{math.exp(floor):.3f})")
     return Feedback("calibration", "pass" if math.isfinite(floor) else "inconclusive", finding,
                     numbers={"aa_floor": Measure(floor, "log"),
                              "aa_ratio": Measure(estimate.ratio, "x", estimate.lo, estimate.hi, estimate.blocks)},
