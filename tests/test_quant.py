@@ -87,6 +87,23 @@ def test_w8a8_is_int32_accumulation_of_the_int8_operands():
     assert 1e-4 < rel < 0.02  # really quantized, and close
 
 
+@pytest.mark.parametrize("k", [96, 1536, 2100])  # one exact fp32 product; longer rows summed in slices
+def test_w8a8_gives_the_same_bits_through_int_mm_and_through_the_exact_fp32_product(k: int, monkeypatch):
+    from infragent.engine.quant import linear as linear_module
+
+    g = torch.Generator().manual_seed(k)
+    w, x = torch.randn(k, 48, generator=g), torch.randn(19, k, generator=g)
+    w[:, :8] = 1 + 0.01 * torch.rand(k, 8, generator=g)  # 8 outputs and 9 rows of products all near 127^2:
+    x[:9] = 1 + 0.01 * torch.rand(9, k, generator=g)  # for k > 1040 their sums pass 2^24 (fp32 rounds them)
+    outputs = []
+    for fast in (True, False):
+        monkeypatch.setattr(linear_module, "int_mm_is_fast", lambda fast=fast: fast)
+        layer = W8A8Linear(w)
+        assert layer.int_mm == fast
+        outputs.append(layer(x))
+    assert torch.equal(outputs[0], outputs[1])
+
+
 def test_int8_weight_only_keeps_activations_exact():
     g = torch.Generator().manual_seed(3)
     w, x = torch.randn(64, 48, generator=g), torch.randn(7, 64, generator=g)
