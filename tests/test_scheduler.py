@@ -104,3 +104,48 @@ def test_prefix_cache_survives_free_until_block_reused():
     exact = make_seq(8)
     blocks.reuse_cached_prefix(exact)
     assert exact.num_cached_tokens == 4
+
+
+def test_freed_blocks_are_reused_before_a_never_used_one_so_memory_follows_the_peak():
+    blocks = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    for i in range(20):  # one request after another: the pool's pages touched stay at one request's worth
+        seq = make_seq(10 + i % 3, first=100 * i)
+        blocks.allocate(seq, len(seq))
+        blocks.free_seq(seq)
+    assert blocks.num_used_ever == 3 and blocks.num_free_blocks == 64
+    both = [make_seq(8), make_seq(8, first=50)]
+    for seq in both:
+        blocks.allocate(seq, 8)
+    assert blocks.num_used_ever == 4  # the peak of two requests at once
+
+
+def test_a_cached_prefix_is_evicted_oldest_first_and_only_after_plain_freed_blocks():
+    blocks = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    old, new = make_seq(9), make_seq(9, first=40)
+    for seq in (old, new):
+        blocks.allocate(seq, 9)
+        seq.num_computed_tokens = 9
+        blocks.register_full_blocks(seq)  # two full blocks each are findable; the third is partly filled
+    old_blocks, new_blocks = list(old.block_table), list(new.block_table)
+    blocks.free_seq(old)
+    blocks.free_seq(new)
+    plain = make_seq(6, first=80)
+    blocks.allocate(plain, 6)  # the two partly filled blocks first: they hold nothing findable
+    assert sorted(plain.block_table) == sorted([old_blocks[2], new_blocks[2]]) and blocks.num_used_ever == 6
+    probe = make_seq(9)
+    blocks.reuse_cached_prefix(probe)
+    assert probe.num_cached_tokens == 8  # old's prefix is still findable; used now, it is the newest
+    blocks.free_seq(probe)
+    evicting = make_seq(4, first=120)
+    blocks.allocate(evicting, 4)
+    assert evicting.block_table == [new_blocks[1]]  # the least recently freed cached block
+    assert blocks.num_used_ever == 6  # and still no block never used
+    again, kept = make_seq(9, first=40), make_seq(9)
+    blocks.reuse_cached_prefix(again)
+    blocks.reuse_cached_prefix(kept)
+    assert again.num_cached_tokens == 4 and kept.num_cached_tokens == 8  # new's chain lost its second block
+    for seq in (again, kept, plain, evicting):
+        blocks.free_seq(seq)
+    everything = make_seq(32, first=200)
+    blocks.allocate(everything, 32)  # the whole pool: used blocks first, never-used ones last
+    assert everything.block_table[-2:] == [6, 7] and blocks.num_free_blocks == 0

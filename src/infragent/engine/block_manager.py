@@ -1,4 +1,12 @@
-"""Paged KV-cache block allocation: block tables, a ref-counted free list, prefix caching by hash chain."""
+"""Paged KV-cache block allocation: block tables, ref-counted free lists, prefix caching by hash chain.
+
+A free block is handed out in this order: one freed with nothing findable in it (the most recently freed
+first: its pages are resident and warm), then one that holds a cached prefix (least recently freed first),
+and only then a block never used. The pool is allocated on demand (kv_cache.zeros_on_demand), so a block
+never used costs no memory: the pages the run touches follow its peak working set, not kv_cache_gb. The
+price: once blocks have been used, a new sequence evicts the oldest cached prefix before it takes an unused
+block, so prefix caching keeps what fits beside the busiest moment so far, not all of kv_cache_gb.
+"""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -21,12 +29,38 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.hash_of_block: list[int | None] = [None] * num_blocks
         self.block_of_hash: dict[int, int] = {}
-        # Free blocks in LRU order; cached content stays findable until the block is reused.
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.free_plain: OrderedDict[int, None] = OrderedDict()  # used, holding nothing findable
+        self.free_cached: OrderedDict[int, None] = OrderedDict()  # used, a findable prefix; LRU order
+        self.never_used = list(range(num_blocks - 1, -1, -1))  # popped from the end: lowest first
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free)
+        return len(self.free_plain) + len(self.free_cached) + len(self.never_used)
+
+    @property
+    def num_used_ever(self) -> int:
+        """Blocks that have held tokens at some point (their pages are resident)."""
+        return self.num_blocks - len(self.never_used)
+
+    def _take_free(self) -> int:
+        """A free block, in the order the module docstring gives; a cached prefix in it is forgotten."""
+        if self.free_plain:
+            return self.free_plain.popitem(last=True)[0]
+        if self.free_cached:
+            block = self.free_cached.popitem(last=False)[0]
+            old = self.hash_of_block[block]
+            if old is not None and self.block_of_hash.get(old) == block:
+                del self.block_of_hash[old]
+            return block
+        return self.never_used.pop()
+
+    def _release(self, block: int) -> None:
+        """Drop one reference to block; at zero it joins the free list its contents call for."""
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            h = self.hash_of_block[block]
+            findable = h is not None and self.block_of_hash.get(h) == block
+            (self.free_cached if findable else self.free_plain)[block] = None
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """New blocks seq needs so that its first num_tokens tokens have a slot."""
@@ -38,10 +72,7 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow seq's block table to cover num_tokens tokens (caller checked can_allocate)."""
         for _ in range(self.blocks_needed(seq, num_tokens)):
-            block, _ = self.free.popitem(last=False)
-            old = self.hash_of_block[block]
-            if old is not None and self.block_of_hash.get(old) == block:
-                del self.block_of_hash[old]
+            block = self._take_free()
             self.hash_of_block[block] = None
             self.ref_counts[block] = 1
             seq.block_table.append(block)
@@ -60,7 +91,7 @@ class BlockManager:
             if block is None:
                 break
             if self.ref_counts[block] == 0:
-                del self.free[block]
+                del self.free_cached[block]
             self.ref_counts[block] += 1
             seq.block_table.append(block)
             parent = h
@@ -102,15 +133,11 @@ class BlockManager:
         """Keep only the blocks seq's first num_tokens tokens occupy (rejected speculative tokens)."""
         keep = -(-num_tokens // self.block_size)
         for block in reversed(seq.block_table[keep:]):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.free[block] = None
+            self._release(block)
         del seq.block_table[keep:]
 
     def free_seq(self, seq: Sequence) -> None:
-        """Drop seq's references; blocks reaching zero return to the free list (most recent last)."""
+        """Drop seq's references; blocks reaching zero return to a free list (most recent last)."""
         for block in reversed(seq.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] == 0:
-                self.free[block] = None
+            self._release(block)
         seq.block_table = []

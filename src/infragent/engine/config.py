@@ -86,7 +86,8 @@ class EngineConfig:
     max_num_seqs: int = _knob(32, "--max-num-seqs", "Most sequences running at once.")
     max_model_len: int | None = _knob(None, "--max-model-len", "Context length in tokens (default: min(the "
                                       "model's context, 4096)).")
-    kv_cache_gb: float = _knob(0.5, "--kv-cache-gb", "GB of memory for the attention KV cache.")
+    kv_cache_gb: float = _knob(0.5, "--kv-cache-gb", "Most GB of memory for the attention KV cache (resident "
+                               "only as blocks are first used; freed blocks are reused before unused ones).")
     kv_layout: str = _knob("paged", "--kv-layout", "paged or contiguous.")
     tokenizer_mode: str = _knob("fast", "--tokenizer-mode", "fast (native BPE merges) or slow (the merges in "
                                 "Python, holding the GIL, as transformers' slow tokenizers; vLLM's flag).")
