@@ -1,7 +1,8 @@
-"""Engine throughput benchmark: infragent (weights fp32; as the file's gguf blocks with fp32 activations or
-activations as two or one int8 digits (gguf-a16, gguf-a8), each also held to AVX2; int8) vs transformers vs
-llama.cpp on SmolLM2-135M, plus the roofline and, per infragent engine, the floor under its peak memory. An
-infragent engine's name may carry its KV cache's dtype (infragent-gguf-a16-kv-int8; default: the model's fp32).
+"""Engine throughput benchmark: infragent (weights fp32; weight_format auto, the default path; as the file's gguf
+blocks with fp32 activations or activations as two or one int8 digits (gguf-a16, gguf-a8), each also held to
+AVX2; int8) vs transformers vs llama.cpp on SmolLM2-135M, plus the roofline and, per infragent engine, the
+floor under its peak memory. An infragent engine's name may carry its KV cache's dtype
+(infragent-gguf-a16-kv-int8; default: the model's fp32).
 
 Each engine runs in its own fresh subprocess per round (rounds interleave engines), so peak RSS is
 per engine. Usage:
@@ -28,7 +29,7 @@ sys.path.insert(0, str(HERE))
 from bench_prompts import encode_corpus, make_windows, round_spec  # noqa: E402
 from throughput_report import format_report, summarize  # noqa: E402
 
-ENGINES = ("infragent", "infragent-gguf", "infragent-gguf-avx2", "infragent-gguf-a16", "infragent-gguf-a16-avx2",
+ENGINES = ("infragent", "infragent-auto", "infragent-gguf", "infragent-gguf-avx2", "infragent-gguf-a16", "infragent-gguf-a16-avx2",
            "infragent-gguf-a8", "infragent-gguf-a8-avx2", "infragent-int8", "transformers", "transformers-avx2",
            "llamacpp")  # -avx2: the process held to AVX2 (kernels, ATen, MKL, oneDNN), as on an AVX2-only CPU
 IMPORT_NAME = {"transformers": "transformers", "llamacpp": "llama_cpp"}  # the rest: infragent

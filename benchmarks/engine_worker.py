@@ -166,7 +166,8 @@ def run_llamacpp(spec: dict) -> dict:
     return result
 
 
-RUNNERS = {"infragent": run_infragent, "infragent-gguf": lambda spec, **kv: run_infragent(spec, "gguf", **kv),
+RUNNERS = {"infragent": run_infragent, "infragent-auto": lambda spec, **kv: run_infragent(spec, "auto", **kv),
+           "infragent-gguf": lambda spec, **kv: run_infragent(spec, "gguf", **kv),
            "infragent-gguf-a16": lambda spec, **kv: run_infragent(spec, "gguf-a16", **kv),
            "infragent-gguf-a8": lambda spec, **kv: run_infragent(spec, "gguf-a8", **kv),
            "infragent-int8": lambda spec, **kv: run_infragent(spec, "int8", **kv),

@@ -179,6 +179,36 @@ def test_the_choice_follows_the_measured_ratios() -> None:
     assert slower.format == "fp32" and "1 rows x0.55" in slower.reason and "geometric mean x0.7" in slower.reason
 
 
+def test_dequantize_and_blas_take_the_row_counts_from_where_they_win_at_every_count_above() -> None:
+    fp32_over_tile = {1: [3.0] * 3, 8: [2.0] * 3, 32: [1.5] * 3, 128: [1.2] * 3, 512: [0.8] * 3}
+    tile_over_blas = {1: [0.2] * 3, 8: [1.3] * 3, 32: [0.9] * 3, 128: [1.1] * 3, 512: [1.4] * 3}
+    split = decide(fp32_over_tile, tile_over_blas)  # 8 rows favour BLAS too, but 32 do not: only 128 and up
+    assert split.format == "gguf" and split.blas_from == 128
+    assert "below 128 rows, from 128 on the blocks dequantized + BLAS (x1.10" in split.reason
+    tie = decide(fp32_over_tile, {**tile_over_blas, 128: [1.04] * 3})  # within the margin: the tile kernel
+    assert tie.blas_from == 512
+    assert "512 rows x1.12" in split.reason  # 0.8 x 1.4: what the blocks give there, run their faster way
+    never = decide(fp32_over_tile, {rows: [0.9] * 3 for rows in fp32_over_tile})
+    assert never.blas_from is None and "the tile kernel at every row count" in never.reason
+    slower = decide({1: [0.5] * 3, 512: [0.4] * 3}, {1: [0.1] * 3, 512: [2.0] * 3})
+    assert slower.format == "fp32" and slower.blas_from is None
+
+
+@needs_kernels
+def test_a_product_from_blas_from_rows_on_is_blas_on_the_dequantized_blocks(monkeypatch) -> None:
+    from infragent.engine.quant import blocks
+
+    w = random_weight("q4_1", 200, 96, seed=3).scaled(0.5)
+    dense = w.dequantize(native=True)
+    linear = BlockLinear(w, native=True, blas_from=16)
+    small, large = torch.randn(15, 96), torch.randn(16, 96)
+    assert torch.equal(linear(large), torch.mm(large, dense.t()))
+    assert torch.equal(linear(small), BlockLinear(w, native=True)(small))  # below: the tile kernel
+    assert torch.allclose(linear(small), torch.mm(small, dense.t()), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(blocks, "DEQUANTIZED_ROWS", 64)  # W dequantized 64 rows at a time: the same product
+    assert torch.allclose(linear(large), torch.mm(large, dense.t()), rtol=1e-6, atol=1e-6)
+
+
 def test_blocks_dequantized_in_place_hold_exactly_what_fp32_loads() -> None:
     from infragent.engine.models.decoder import DecoderModel
     from infragent.engine.models.llama import load_llama
@@ -206,7 +236,9 @@ def test_auto_measures_once_per_machine_and_keeps_the_choice(tmp_path, monkeypat
             engines.append(LLMEngine(EngineConfig(model="llama", max_model_len=256, kv_cache_gb=0.05)))
         first, second = (e.weight_choice for e in engines)
         assert first.format in ("fp32", "gguf") and first.reason.startswith("auto: measured here")
-        assert set(first.speedups) == {1, 8, 32, 128} and all(len(s) == 2 for s in first.speedups.values())
+        assert set(first.speedups) == set(first.blas_speedups) == {1, 8, 32, 128, 512}  # 512: the prefill chunk
+        assert all(len(s) == 2 for s in first.speedups.values())
+        assert first.blas_from is None or (first.format == "gguf" and first.blas_from in first.speedups)
         if first.cache is None:  # measured while the CPU was contended: not kept, so the second measured again
             assert "contended" in first.reason and second.reason.startswith("auto: measured here")
         else:
@@ -215,6 +247,8 @@ def test_auto_measures_once_per_machine_and_keeps_the_choice(tmp_path, monkeypat
         model = engines[0].model
         assert model.block_kernels == (first.format == "gguf")
         assert isinstance(model.lm_head, BlockLinear) == (first.format == "gguf")
+        if first.format == "gguf":
+            assert model.lm_head.blas_from == model.layers[0][3].down.blas_from == first.blas_from
     finally:
         for engine in engines:
             engine.close()

@@ -129,6 +129,8 @@ def _weight_choice(config: EngineConfig, model_file: Path, model: DecoderModel) 
                     model.shape.num_layers)
     if choice.format == "fp32":
         model.hold_fp32()
+    else:
+        model.use_blas_from(choice.blas_from)
     log.info("weight_format %s: %s", choice.format, choice.reason)
     return choice
 

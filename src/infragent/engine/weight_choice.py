@@ -4,9 +4,15 @@ linears fastest on this machine, measured once per machine and kept beside the n
 fp32 (the file's blocks dequantized at load) and gguf (the blocks as stored, fp32 activations and
 accumulation) compute the same model up to summation order (benchmarks/weight_format_exactness.py), so the
 choice between them is a matter of speed alone; int8 changes the numbers and is never chosen for you. The
-measurement times the model's own linears, one of each shape (a slice of the LM head), as blocks and as fp32,
-at the batch sizes the engine runs (decode 1, 8, 32 and a prefill chunk), in interleaved rounds; the choice
-is gguf when the blocks are faster in the geometric mean over those sizes, in the median round.
+measurement times the model's own linears, one of each shape (a slice of the LM head), at the row counts the
+engine runs: decode at 1, 8 and 32 rows, 128, and the prefill chunk (max_num_batched_tokens; the LM head at
+most max_num_seqs rows, as many as a step samples), three ways in interleaved rounds: the blocks through the
+tile kernel, fp32 through BLAS, and the blocks dequantized per product then BLAS. Row ranges may favour
+different ways: gguf may run the tile kernel below some row count and dequantize + BLAS from there on
+(blas_from: from where BLAS is faster by more than SPLIT_MARGIN at every count measured), the weights still
+stored once at their bits. On an AMD EPYC (AVX-512), 512-row products ran x1.28-1.34 faster through BLAS, and
+128 rows within 4% either way. The choice is gguf when the blocks, each row count
+run its faster way, beat fp32 in the geometric mean over the row counts of the median round.
 """
 from __future__ import annotations
 
@@ -28,12 +34,14 @@ from infragent.engine.models.layers import Linear
 from infragent.engine.quant.blocks import BlockLinear, BlockWeight
 
 EQUAL_OUTPUTS = ("fp32", "gguf")  # the formats whose outputs are the model's (up to summation order)
-BATCHES = (1, 8, 32, 128)  # rows per product: decode at three concurrencies, and a prefill chunk
+BATCHES = (1, 8, 32, 128)  # rows per product: decode at three concurrencies, and a mid-size prefill chunk
+LARGEST_CHUNK = 2048  # a larger prefill chunk is measured at this many rows (its choice holds above)
+SPLIT_MARGIN = 1.05  # dequantize + BLAS takes a row count only when faster than the tile kernel by more than this
 ROUNDS = 5
 LM_HEAD_ROWS = 8192  # the LM head is timed on this many rows and counted for all of them
 MIN_CALL_S = 0.002  # each timed product repeats until it has run this long
 CONTENDED = 0.1  # a measurement whose threads waited for a CPU more than this share of the time is not kept
-MEASUREMENT = "linears-v1"  # in the cache key: a new way of measuring measures again
+MEASUREMENT = "linears-v2"  # in the cache key: a new way of measuring measures again
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,8 @@ class WeightChoice:
     reason: str
     speedups: dict[int, list[float]] = field(default_factory=dict)  # rows -> per-round fp32 time / gguf time
     cache: str | None = None  # the file the measurement is kept in
+    blas_speedups: dict[int, list[float]] = field(default_factory=dict)  # rows -> tile time / dequantize+BLAS
+    blas_from: int | None = None  # gguf: from this many rows on, dequantize + BLAS instead of the tile kernel
 
     def to_dict(self) -> dict:
         """Plain data."""
@@ -76,15 +86,17 @@ def choose(config: EngineConfig, model_file: Path, linears: list[tuple[object, s
     path = _cache_file(config, model_file)
     if path.exists():
         try:
-            kept = json.loads(path.read_text())
-            return WeightChoice(kept["format"], kept["reason"], {int(k): v for k, v in kept["speedups"].items()},
-                                str(path))
+            kept = json.loads(path.read_text())  # decided again from the kept ratios: the rule may have changed
+            choice = decide({int(k): v for k, v in kept["speedups"].items()},
+                            {int(k): v for k, v in kept["blas_speedups"].items()})
+            choice.cache = str(path)
+            return choice
         except (OSError, ValueError, KeyError) as exc:
             log.warning("weight_format auto: %s is unreadable (%s); measuring again", path, exc)
     waited, start = run_queue_ns(), time.perf_counter_ns()
-    speedups = measure(linears, layers)
+    speedups, blas_speedups = measure(linears, layers, row_counts(config), config.max_num_seqs)
     wait_share = (run_queue_ns() - waited) / max(1, (time.perf_counter_ns() - start) * config.resolved_threads())
-    choice = decide(speedups)
+    choice = decide(speedups, blas_speedups)
     if wait_share > CONTENDED:  # the ratios are suspect: decide for this process only, measure again next time
         choice.reason += (f" (contended: this process waited for a CPU {wait_share:.0%} of the time; not kept, "
                           "measured again at the next start)")
@@ -109,41 +121,67 @@ def run_queue_ns() -> int:
     return total
 
 
-def decide(speedups: dict[int, list[float]]) -> WeightChoice:
-    """gguf when the blocks are faster in the geometric mean over batch sizes of the median round, else fp32."""
+def row_counts(config: EngineConfig) -> tuple[int, ...]:
+    """The row counts measured: BATCHES and the prefill chunk config runs (at most LARGEST_CHUNK)."""
+    return tuple(sorted(set(BATCHES) | {min(config.max_num_batched_tokens, LARGEST_CHUNK)}))
+
+
+def decide(speedups: dict[int, list[float]], blas_speedups: dict[int, list[float]] | None = None) -> WeightChoice:
+    """gguf when the blocks, each row count run its faster way (the tile kernel, or from blas_from rows on
+    dequantize + BLAS), are faster than fp32 in the geometric mean over row counts of the median round."""
     medians = {rows: statistics.median(s) for rows, s in speedups.items()}
-    overall = math.exp(statistics.fmean(math.log(m) for m in medians.values()))
-    each = ", ".join(f"{rows} rows x{m:.2f}" for rows, m in medians.items())
+    split = {rows: statistics.median(s) for rows, s in (blas_speedups or {}).items()}
+    blas_from = None  # the least row count from which dequantize + BLAS beats the tile kernel at every count
+    for rows in sorted(split, reverse=True):
+        if rows == 1 or split[rows] <= SPLIT_MARGIN:  # a tie within noise keeps the tile kernel
+            break
+        blas_from = rows
+    effective = {rows: m * (split[rows] if blas_from is not None and rows >= blas_from else 1.0)
+                 for rows, m in medians.items()}
+    overall = math.exp(statistics.fmean(math.log(m) for m in effective.values()))
+    each = ", ".join(f"{rows} rows x{m:.2f}" for rows, m in effective.items())
     winner = "gguf" if overall > 1.0 else "fp32"
-    return WeightChoice(winner, f"auto: measured here, blocks against fp32 {each}; geometric mean x{overall:.2f}",
-                        speedups)
+    reason = f"auto: measured here, blocks against fp32 {each}; geometric mean x{overall:.2f}"
+    if winner == "gguf":
+        reason += ("; the tile kernel at every row count" if blas_from is None else
+                   f"; the tile kernel below {blas_from} rows, from {blas_from} on the blocks dequantized + BLAS "
+                   f"(x{split[blas_from]:.2f} over the tile kernel there)")
+    return WeightChoice(winner, reason, speedups, blas_speedups=blas_speedups or {},
+                        blas_from=blas_from if winner == "gguf" else None)
 
 
-def measure(linears: list[tuple[object, str]], layers: int) -> dict[int, list[float]]:
-    """Per batch size, per round: the fp32 linears' time over the blocks' time, summed over the model (each
-    layer linear counted `layers` times, the LM head for all its rows)."""
+def measure(linears: list[tuple[object, str]], layers: int, counts: tuple[int, ...] = BATCHES,
+            max_seqs: int = 32) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """Per row count, per round: the fp32 linears' time over the tile kernel's, and the tile kernel's over the
+    blocks dequantized + BLAS, each summed over the model (each layer linear counted `layers` times, the LM
+    head for all its rows, at most max_seqs of them: a step samples no more)."""
     pairs = []
     for i, (owner, name) in enumerate(linears):
         block = getattr(owner, name)
         weight: BlockWeight = block.weight
-        count = float(layers)
-        if i == len(linears) - 1:  # the LM head
+        count, head = float(layers), i == len(linears) - 1
+        if head:
             rows = min(LM_HEAD_ROWS, weight.shape[0])
             count = weight.shape[0] / rows
             weight = weight.rows(slice(0, rows))
-        pairs.append((BlockLinear(weight, native=True), Linear(weight.dequantize()), count, weight.shape[1]))
+        ways = {"gguf": BlockLinear(weight, native=True), "fp32": Linear(weight.dequantize()),
+                "blas": BlockLinear(weight, native=True, blas_from=1)}
+        pairs.append((ways, count, weight.shape[1], head))
     gen = torch.Generator().manual_seed(0)
-    speedups: dict[int, list[float]] = {rows: [] for rows in BATCHES}
+    speedups: dict[int, list[float]] = {rows: [] for rows in counts}
+    blas_speedups: dict[int, list[float]] = {rows: [] for rows in counts}
     for r in range(ROUNDS):
-        for rows in BATCHES:
-            times = {"gguf": 0.0, "fp32": 0.0}
-            for block, dense, count, width in pairs:
-                x = torch.randn(rows, width, generator=gen)
-                order = (("gguf", block), ("fp32", dense)) if r % 2 == 0 else (("fp32", dense), ("gguf", block))
+        for rows in counts:
+            times = {"gguf": 0.0, "fp32": 0.0, "blas": 0.0}
+            for ways, count, width, head in pairs:
+                x = torch.randn(min(rows, max_seqs) if head else rows, width, generator=gen)
+                order = list(ways.items())
+                order = order[r % 3:] + order[:r % 3]  # each way first in turn
                 for fmt, fn in order:
                     times[fmt] += count * seconds_per_call(fn, x)
             speedups[rows].append(times["fp32"] / times["gguf"])
-    return speedups
+            blas_speedups[rows].append(times["gguf"] / times["blas"])
+    return speedups, blas_speedups
 
 
 def seconds_per_call(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
@@ -162,6 +200,6 @@ def seconds_per_call(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
 def _cache_file(config: EngineConfig, model_file: Path) -> Path:
     """Where this machine's measurement for this model file, thread count and kernels choice is kept."""
     size = model_file.stat().st_size if model_file.exists() else 0
-    key = hashlib.sha256(f"{MEASUREMENT}|{model_file.name}|{size}|{config.resolved_threads()}|{config.kernels}"
-                         .encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{MEASUREMENT}|{model_file.name}|{size}|{config.resolved_threads()}|{config.kernels}|"
+                         f"{row_counts(config)}|{config.max_num_seqs}".encode()).hexdigest()[:16]
     return cache_directory() / "weight_format" / f"{key}.json"

@@ -87,6 +87,13 @@ class DecoderModel:
             if isinstance(getattr(owner, name), (BlockLinear, BlockLinearA8)):
                 getattr(owner, name).native = native
 
+    def use_blas_from(self, rows: int | None) -> None:
+        """Run every stored-block linear's products of `rows` rows or more as dequantize + BLAS (None: never)."""
+        for owner, name in self.linears():
+            block = getattr(owner, name)
+            if isinstance(block, BlockLinear):
+                block.blas_from = rows
+
     def use_int8_activations(self, digits: int) -> None:
         """Run every Q4_1/Q8_0 linear with its activations quantized per block to `digits` int8 digits
         (weight_format gguf-a8: 1, gguf-a16: 2); the embedding lookup still reads the stored blocks."""

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 KIND_CODES = {"q4_1": 0, "q8_0": 1, "int8": 2}  # the native kernels' `kind`
+DEQUANTIZED_ROWS = 4096  # W rows dequantized at a time for a BLAS product (16 MB of fp32 at most, for k=1024)
 GGML_KINDS = {3: "q4_1", 8: "q8_0"}  # GGUF tensor types read as blocks; others load as fp32
 
 log = logging.getLogger(__name__)
@@ -127,22 +128,39 @@ def quantize_int8(weight: torch.Tensor) -> BlockWeight:
 
 class BlockLinear:
     """y = x · Wᵀ with W in stored blocks, through the native kernel, which reads the blocks directly (one row:
-    dequantized in registers; more: one cached tile of W at a time against every row, which outran MKL's fp32
-    GEMM from 8 to 512 rows on this model's shapes). Without the native kernels, W is dequantized per call
-    and BLAS runs."""
+    dequantized in registers; more: one cached tile of W at a time against every row). From blas_from rows on
+    (weight_choice.py measures where, if anywhere, that pays), W is dequantized for the product, a slice of
+    rows at a time, and BLAS runs: the weights stay stored once, at their bits. Without the native kernels, W
+    is dequantized per call and BLAS runs."""
 
     gemm = None  # the projections' `gemm` switch does not apply: these weights are not fp32
 
-    def __init__(self, weight: BlockWeight, native: bool) -> None:
+    def __init__(self, weight: BlockWeight, native: bool, blas_from: int | None = None) -> None:
         self.weight, self.native = weight, native
         self.code = KIND_CODES[weight.kind]
+        self.blas_from = blas_from
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if self.native:
-            return torch.ops.infragent.qlinear(x.contiguous(), w.qs, w.d, w.mins, w.row_scale, self.code)
-        return torch.mm(x, w.dequantize(native=self.native).t())
+        if not self.native:
+            return torch.mm(x, w.dequantize().t())
+        if self.blas_from is not None and x.shape[0] >= self.blas_from:
+            return dequantized_product(x, w)
+        return torch.ops.infragent.qlinear(x.contiguous(), w.qs, w.d, w.mins, w.row_scale, self.code)
 
     def weight_bytes(self) -> int:
         """Bytes of the stored blocks and scales."""
         return self.weight.nbytes
+
+
+def dequantized_product(x: torch.Tensor, weight: BlockWeight) -> torch.Tensor:
+    """x · Wᵀ by BLAS on W dequantized natively, DEQUANTIZED_ROWS rows of W at a time (a large W, such as an LM
+    head, is never whole in fp32)."""
+    n = weight.shape[0]
+    if n <= DEQUANTIZED_ROWS:
+        return torch.mm(x, weight.dequantize(native=True).t())
+    out = torch.empty(x.shape[0], n, dtype=x.dtype)
+    for r in range(0, n, DEQUANTIZED_ROWS):
+        rows = torch.arange(r, min(n, r + DEQUANTIZED_ROWS))
+        out[:, r:r + len(rows)] = torch.mm(x, weight.dequantize(rows, native=True).t())
+    return out
