@@ -11,8 +11,8 @@ tile kernel, fp32 through BLAS, and the blocks dequantized per product then BLAS
 different ways: gguf may run the tile kernel below some row count and dequantize + BLAS from there on
 (blas_from: from where BLAS is faster by more than SPLIT_MARGIN at every count measured), the weights still
 stored once at their bits. On an AMD EPYC (AVX-512), 512-row products ran x1.28-1.34 faster through BLAS, and
-128 rows within 4% either way. The choice is gguf when the blocks, each row count
-run its faster way, beat fp32 in the geometric mean over the row counts of the median round.
+128 rows within 4% either way. The choice is gguf when the blocks, each row count run its faster way, beat
+fp32 in the geometric mean over the row counts of the median round.
 """
 from __future__ import annotations
 
