@@ -112,14 +112,14 @@ def test_freed_blocks_are_reused_before_a_never_used_one_so_memory_follows_the_p
         seq = make_seq(10 + i % 3, first=100 * i)
         blocks.allocate(seq, len(seq))
         blocks.free_seq(seq)
-    assert blocks.num_used_ever == 3 and blocks.num_free_blocks == 64
+    assert blocks.num_used_ever == 3 and blocks.num_free_blocks == 64  # without prefix caching
     both = [make_seq(8), make_seq(8, first=50)]
     for seq in both:
         blocks.allocate(seq, 8)
     assert blocks.num_used_ever == 4  # the peak of two requests at once
 
 
-def test_a_cached_prefix_is_evicted_oldest_first_and_only_after_plain_freed_blocks():
+def test_a_cached_prefix_is_evicted_oldest_first_and_only_after_plain_and_unused_blocks():
     blocks = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     old, new = make_seq(9), make_seq(9, first=40)
     for seq in (old, new):
@@ -129,23 +129,17 @@ def test_a_cached_prefix_is_evicted_oldest_first_and_only_after_plain_freed_bloc
     old_blocks, new_blocks = list(old.block_table), list(new.block_table)
     blocks.free_seq(old)
     blocks.free_seq(new)
-    plain = make_seq(6, first=80)
-    blocks.allocate(plain, 6)  # the two partly filled blocks first: they hold nothing findable
-    assert sorted(plain.block_table) == sorted([old_blocks[2], new_blocks[2]]) and blocks.num_used_ever == 6
+    plain = make_seq(16, first=80)
+    blocks.allocate(plain, 16)  # the two partly filled blocks first, then the two never used
+    assert sorted(plain.block_table) == sorted([old_blocks[2], new_blocks[2], 6, 7])
     probe = make_seq(9)
     blocks.reuse_cached_prefix(probe)
     assert probe.num_cached_tokens == 8  # old's prefix is still findable; used now, it is the newest
     blocks.free_seq(probe)
     evicting = make_seq(4, first=120)
     blocks.allocate(evicting, 4)
-    assert evicting.block_table == [new_blocks[1]]  # the least recently freed cached block
-    assert blocks.num_used_ever == 6  # and still no block never used
+    assert evicting.block_table == [new_blocks[1]]  # no unused block left: the least recently freed cached one
     again, kept = make_seq(9, first=40), make_seq(9)
     blocks.reuse_cached_prefix(again)
     blocks.reuse_cached_prefix(kept)
     assert again.num_cached_tokens == 4 and kept.num_cached_tokens == 8  # new's chain lost its second block
-    for seq in (again, kept, plain, evicting):
-        blocks.free_seq(seq)
-    everything = make_seq(32, first=200)
-    blocks.allocate(everything, 32)  # the whole pool: used blocks first, never-used ones last
-    assert everything.block_table[-2:] == [6, 7] and blocks.num_free_blocks == 0

@@ -1,11 +1,12 @@
 """Paged KV-cache block allocation: block tables, ref-counted free lists, prefix caching by hash chain.
 
 A free block is handed out in this order: one freed with nothing findable in it (the most recently freed
-first: its pages are resident and warm), then one that holds a cached prefix (least recently freed first),
-and only then a block never used. The pool is allocated on demand (kv_cache.zeros_on_demand), so a block
-never used costs no memory: the pages the run touches follow its peak working set, not kv_cache_gb. The
-price: once blocks have been used, a new sequence evicts the oldest cached prefix before it takes an unused
-block, so prefix caching keeps what fits beside the busiest moment so far, not all of kv_cache_gb.
+first: its pages are resident and warm), then a block never used, and only then one that holds a cached
+prefix (least recently freed first). The pool is allocated on demand (kv_cache.zeros_on_demand), so without
+prefix caching the pages the run touches follow its peak working set, not kv_cache_gb. With prefix caching,
+full blocks stay findable after they are freed, and the pool grows toward kv_cache_gb as cached prompts
+accumulate: memory spent on reusable prefixes (evicting them before touching unused blocks cut a repeated
+run's hit rate to near zero).
 """
 from __future__ import annotations
 
@@ -46,13 +47,15 @@ class BlockManager:
         """A free block, in the order the module docstring gives; a cached prefix in it is forgotten."""
         if self.free_plain:
             return self.free_plain.popitem(last=True)[0]
+        if self.never_used:
+            return self.never_used.pop()
         if self.free_cached:
             block = self.free_cached.popitem(last=False)[0]
             old = self.hash_of_block[block]
             if old is not None and self.block_of_hash.get(old) == block:
                 del self.block_of_hash[old]
             return block
-        return self.never_used.pop()
+        raise RuntimeError("no free KV block (the caller checks can_allocate)")
 
     def _release(self, block: int) -> None:
         """Drop one reference to block; at zero it joins the free list its contents call for."""
