@@ -87,8 +87,8 @@ def _check(outs: list, n_prompts: int, max_tokens: int) -> None:
                            f"lengths={sorted({len(o.token_ids) for o in outs})}")
 
 
-def run_transformers(spec: dict) -> dict:
-    """Time Hugging Face transformers batched greedy generate on the same GGUF."""
+def load_transformers(spec: dict):
+    """transformers' model from the spec's GGUF, in fp32, on the spec's thread count."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -96,9 +96,16 @@ def run_transformers(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     path = Path(spec["gguf_path"])
     dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                **{dtype_kw: torch.float32}).eval()
+
+
+def run_transformers(spec: dict) -> dict:
+    """Time Hugging Face transformers batched greedy generate on the same GGUF."""
+    import torch
+
     start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 **{dtype_kw: torch.float32}).eval()
+    model = load_transformers(spec)
     result: dict = {"load_s": time.perf_counter() - start}
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
 

@@ -118,14 +118,9 @@ def child_infragent(spec: dict, weight_format: str) -> dict:
 def child_transformers(spec: dict) -> dict:
     """transformers on the same GGUF: a prefill is generate() of one new token, as engine_worker.py times it."""
     import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
+    from engine_worker import load_transformers
 
-    torch.set_num_threads(spec["threads"])
-    path = Path(spec["gguf_path"])
-    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 **{dtype_kw: torch.float32}).eval()
+    model = load_transformers(spec)
     pad = model.config.eos_token_id
 
     def run(i: int) -> None:
