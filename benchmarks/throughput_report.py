@@ -119,13 +119,38 @@ def targets(summary: dict) -> list[dict]:
                  if e.startswith(f"{ours}-kv-")]
         for engine, key, what in runs:
             rss = table.get(engine, {}).get(key)
-            gb = {**rss, "center": _center(rss) / 1e9, "lo": rss["lo"] / 1e9, "hi": rss["hi"] / 1e9} if rss else None
-            rows.append((f"{fmt} peak RSS ({what}) <= 0.6 GB", gb, 0.6, False))
+            rows.append((f"{fmt} peak RSS ({what}) <= 0.6 GB", _in_gb(rss), 0.6, False))
+    rows += default_path_rows(summary)
     out = []
     for name, value, threshold, higher in rows:
         verdict, shown = _verdict(value, threshold, higher)
         out.append({"target": name, "measured": shown, "verdict": verdict})
     return out
+
+
+def default_path_rows(summary: dict) -> list[tuple]:
+    """Issue 50's targets, for whichever of its engines the run has: the default path (weight_format auto, the
+    model's own numbers) against transformers at c=1, c=32 and prefill, its whole-run peak RSS, and gguf-a16's
+    c=32 and batch-1 share of the weight-stream roofline."""
+    ratios, table, rows = summary["ratios"], summary["table"], []
+    if "infragent-auto" in table:
+        auto = ratios.get("infragent-auto/transformers", {})
+        rows += [("c=32 auto >= 2.5x transformers", auto.get("c32"), 2.5, True),
+                 ("prefill 512 auto >= 1.2x transformers", auto.get("prefill"), 1.2, True),
+                 ("c=1 auto >= 4x transformers", auto.get("c1"), 4.0, True)]
+        rss = table["infragent-auto"].get("rss")
+        rows.append(("auto peak RSS (the whole run) <= 0.6 GB", _in_gb(rss), 0.6, False))
+    if "infragent-gguf-a16" in table:
+        rows += [("c=32 gguf-a16 >= 3.5x transformers",
+                  ratios.get("infragent-gguf-a16/transformers", {}).get("c32"), 3.5, True),
+                 ("batch-1 gguf-a16 >= 0.85 of the roofline",
+                  summary["roofline"].get("infragent-gguf-a16", {}).get("fraction"), 0.85, True)]
+    return rows
+
+
+def _in_gb(rss: dict | None) -> dict | None:
+    """A stored Summary of bytes in GB."""
+    return {**rss, "center": _center(rss) / 1e9, "lo": rss["lo"] / 1e9, "hi": rss["hi"] / 1e9} if rss else None
 
 
 def _cell(d: dict, scale: float = 1.0, digits: int = 1) -> str:

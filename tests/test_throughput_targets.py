@@ -76,3 +76,22 @@ def test_engine_names_carry_a_kv_dtype_before_the_avx2_mark() -> None:
     assert base_engine("infragent-gguf-kv-bf16-avx2") == "infragent-gguf-avx2"
     assert base_engine("infragent-gguf-kv-int4") == "infragent-gguf-kv-int4"  # not a KV dtype: refused by name
     assert base_engine("transformers-kv-int8") == "transformers-kv-int8"  # only infragent has the knob
+
+
+def test_the_default_path_and_gguf_a16_get_issue_50s_targets() -> None:
+    engines = {"infragent-auto": {"c1": 90, "c8": 300, "c32": 430, "prefill": 640, "c1_decode_only": 95},
+               "infragent-gguf-a16": {"c1": 160, "c8": 400, "c32": 520, "prefill": 1200, "c1_decode_only": 160},
+               "transformers": {"c1": 20, "c8": 100, "c32": 160, "prefill": 600}}
+    rounds = [_round(i, engines) for i in range(ROUNDS)]
+    for record in rounds:
+        for name in ("infragent-auto", "infragent-gguf-a16"):
+            record["engines"][name]["weight_nbytes"] = 1e8  # roofline: 2e10 B/s / 1e8 B = 200 tok/s
+    verdicts = {t["target"]: (t["verdict"], t["measured"])
+                for t in summarize(rounds, list(engines), {})["targets"]}
+    assert verdicts["c=32 auto >= 2.5x transformers"][0] == "PASS"  # 2.69x
+    assert verdicts["prefill 512 auto >= 1.2x transformers"][0] == "FAIL"  # 1.07x
+    assert verdicts["c=1 auto >= 4x transformers"][0] == "PASS"  # 4.5x
+    assert verdicts["auto peak RSS (the whole run) <= 0.6 GB"][0] == "FAIL"  # 0.9 GB
+    assert verdicts["c=32 gguf-a16 >= 3.5x transformers"][0] == "FAIL"  # 3.25x
+    verdict, measured = verdicts["batch-1 gguf-a16 >= 0.85 of the roofline"]
+    assert verdict == "FAIL" and measured.startswith("0.8"), measured  # 160 / 200 and a little above
