@@ -24,10 +24,10 @@ is a 20% trimmed mean with Yuen's interval (STEP_TRIM), so a few wild pairs neit
 
 A step win is strict, because a patch with one goes on to an end-to-end run that only guards against
 regressions: the candidate's whole 99% interval must lie beyond the floor, at least STEP_MIN_FLOOR. The A/A
-sets the floor higher only by the bias it shows: its own offset when its interval contains 1 (the
-candidate's interval already holds the noise; holding it to the A/A's outer bound too counted the noise
-twice, and a 10% fix was refused in 1 of 2 runs at a floor of 5.7% from an A/A of x0.99 [0.94, 1.06]), its
-outer bound when its interval excludes 1 (a bias shown). The blocks stop early, from MIN_ROUNDS on, once the
+sets the floor higher only by a bias it shows: not at all when its interval contains 1 (the candidate's
+interval already holds the noise; holding it to the A/A's outer bound too counted the noise twice, and a 10%
+fix was refused in 1 of 2 runs at a floor of 5.7% from an A/A of x0.99 [0.94, 1.06]; its centre is that noise
+too), its outer bound when its interval excludes 1 (a bias shown). The blocks stop early, from MIN_ROUNDS on, once the
 verdict is known: a win, or no win reachable by MAX_ROUNDS.
 
 The A/A is measured only as far as a decision needs it. A candidate that does not win at STEP_MIN_FLOOR
@@ -329,9 +329,9 @@ def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float
                logs: dict[str, list[float]] | None = None) -> Feedback:
     """The A/A floor of the step bench: the baseline's engine against a second child of the same code, rounds
     added (to logs, from an earlier call) until the floor is known to lie below margin (log: the distance of
-    a win from no change) or there are MAX_ROUNDS (analysis/blocks.aa_floor: the A/A's offset, or its outer bound where
-    it shows a bias). An early stop reads the 99% interval, so that looking after every round cannot stop on
-    a lucky one."""
+    a win from no change) or there are MAX_ROUNDS (analysis/blocks.aa_floor: the least floor, or the A/A's
+    outer bound where it shows a bias). An early stop reads the 99% interval, so that looking after every
+    round cannot stop on a lucky one."""
     def settled(logs: dict[str, list[float]]) -> bool:
         return aa_floor(block_estimate(logs["total"], CONFIDENCE, STEP_TRIM), STEP_MIN_FLOOR) < margin
 

@@ -200,8 +200,8 @@ def shortfall_note(records: dict[str, list], why: str = "") -> str:
 
 def aa_calibration(scenario: Scenario, baseline_url: str, twin_url: str, seed: int,
                    blocks: int = LOCAL_BLOCKS + 2) -> Feedback:
-    """The A/A floor on this machine: the local A/B between two launches of the baseline; the floor is the
-    offset it shows, or its outer bound where it shows a bias (analysis/blocks.aa_floor)."""
+    """The A/A floor on this machine: the local A/B between two launches of the baseline; the floor is
+    MIN_FLOOR, or its outer bound where it shows a bias (analysis/blocks.aa_floor)."""
     ratios, runs = block_ratios(scenario, baseline_url, twin_url, seed, blocks)
     failed = [r for run in runs.values() for r in run.records if not r.success and not r.warmup]
     if failed and not any(r.success and not r.warmup for run in runs.values() for r in run.records):
