@@ -50,6 +50,13 @@ static inline fvec s8_to_f(const int8_t* p) {
   return reinterpret_cast<fvec>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)));
 }
 
+static inline void halves_to_f(const _Float16* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i))));
+  for (; i < n; ++i) out[i] = static_cast<float>(p[i]);
+}
+
 #include "qgemm_impl.h"
 #undef VEC
 #pragma GCC pop_options
@@ -72,7 +79,35 @@ static inline fvec s8_to_f(const int8_t* p) {
   return reinterpret_cast<fvec>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
 }
 
+// sum(q * x) over one Q4_1 block (16 bytes of nibbles at q, 32 activations at x). The 16 bytes are loaded once
+// into both halves of a register and spread to one per int32 lane by in-lane byte shuffles, instead of two
+// 8-byte loads and four lane-crossing widenings (vpmovzxbd). On a Zen 3 EPYC one core's batch-1 product of a
+// cache-resident W went from ~2-3 to ~5 weights per cycle.
+#define INFRAGENT_Q4_BLOCK_SUM 1
+static inline fvec q4_block_sum(const uint8_t* q, const float* x) {
+  const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  const __m256i low = _mm256_set1_epi8(15);
+  const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+  const __m256i first = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,
+                                         4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1);
+  const __m256i second = _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1,
+                                          12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1);
+  __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, first)), _mm256_loadu_ps(x));
+  __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, first)), _mm256_loadu_ps(x + 16));
+  t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, second)), _mm256_loadu_ps(x + 8), t);
+  u = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, second)), _mm256_loadu_ps(x + 24), u);
+  return reinterpret_cast<fvec>(_mm256_add_ps(t, u));
+}
+
+static inline void halves_to_f(const _Float16* p, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i))));
+  for (; i < n; ++i) out[i] = static_cast<float>(p[i]);
+}
+
 #include "qgemm_impl.h"
+#undef INFRAGENT_Q4_BLOCK_SUM
 #undef VEC
 #pragma GCC pop_options
 }  // namespace avx2
@@ -91,6 +126,10 @@ static inline fvec s8_to_f(const int8_t* p) {
   fvec v;
   for (int i = 0; i < VEC; ++i) v[i] = static_cast<float>(p[i]);
   return v;
+}
+
+static inline void halves_to_f(const _Float16* p, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p[i]);
 }
 
 #include "qgemm_impl.h"

@@ -13,8 +13,9 @@
 // scale of W_q), applied to each output. Activations and accumulation are fp32.
 
 // The including file defines, for its ISA: fvec (VEC floats), u8_to_f(p, high) (VEC nibbles of the bytes at p,
-// the low or the high ones, as floats) and s8_to_f(p) (VEC int8 at p as floats), with that ISA's widening
-// instructions (GCC's generic vector conversions of bytes came out scalar).
+// the low or the high ones, as floats), s8_to_f(p) (VEC int8 at p as floats) and halves_to_f(p, n, out) (n fp16
+// at p as floats), with that ISA's widening instructions (GCC's generic vector conversions of bytes came out
+// scalar); and, where it has a faster one, q4_block_sum(q, x) under INFRAGENT_Q4_BLOCK_SUM.
 
 static inline fvec loadf(const float* p) {
   fvec v;
@@ -70,56 +71,92 @@ struct Weights {
   float scale_of(int64_t row) const { return row_scale != nullptr ? row_scale[row] : 1.0f; }
 };
 
-// One block of row `row` times the 32 activations at x: d * sum(q * x) for Q4_1 and Q8_0 (Q4_1's m * sum(x)
-// is added by the caller, once per block from the activations' block sums), sum(q * x) for I8.
+// One block of row `row` times the 32 activations at x: sum(q * x), the block's scale not applied (Q4_1's
+// m * sum(x) is added by the caller, once per block from the activations' block sums).
 template <Kind K>
-static inline fvec block_dot(const Weights& w, int64_t row, int64_t b, const float* x) {
-  fvec t = fvec{};
+static inline fvec block_sum(const Weights& w, int64_t row, int64_t b, const float* x) {
+  // Two partial sums (the low nibbles' and the high ones'): two short chains through the FMA latency, not one.
+  fvec t = fvec{}, u = fvec{};
   if (K == Kind::Q4_1) {
     const uint8_t* q = w.qs + row * (w.k / 2) + b * 16;
+#ifdef INFRAGENT_Q4_BLOCK_SUM
+    return q4_block_sum(q, x);  // this ISA's own (see the including file)
+#endif
     for (int j = 0; j < 16; j += VEC) {
       t += u8_to_f(q + j, false) * loadf(x + j);
-      t += u8_to_f(q + j, true) * loadf(x + 16 + j);
+      u += u8_to_f(q + j, true) * loadf(x + 16 + j);
     }
   } else if (K == Kind::F32) {
     const float* q = w.dense_row(row) + b * 32;
-    for (int j = 0; j < 32; j += VEC) t += loadf(q + j) * loadf(x + j);
+    for (int j = 0; j < 16; j += VEC) {
+      t += loadf(q + j) * loadf(x + j);
+      u += loadf(q + 16 + j) * loadf(x + 16 + j);
+    }
   } else {
     const int8_t* q = reinterpret_cast<const int8_t*>(w.qs + row * w.k + b * 32);
-    for (int j = 0; j < 32; j += VEC) t += s8_to_f(q + j) * loadf(x + j);
+    for (int j = 0; j < 16; j += VEC) {
+      t += s8_to_f(q + j) * loadf(x + j);
+      u += s8_to_f(q + 16 + j) * loadf(x + 16 + j);
+    }
   }
-  if (K == Kind::I8 || K == Kind::F32) return t;
-  return t * half(w.d + row * w.blocks() + b);
+  return t + u;
 }
+
+// sum(a[i] * b[i]) over n floats.
+static inline float dot(const float* a, const float* b, int64_t n) {
+  fvec acc = fvec{};
+  int64_t i = 0;
+  for (; i + VEC <= n; i += VEC) acc += loadf(a + i) * loadf(b + i);
+  float sum = hsum(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Blocks whose fp16 scales (and Q4_1 mins) a GEMV converts to fp32 at a time, before their products: one
+// vector conversion per 8 or 16 scales instead of a scalar one inside every block's product; on the stack
+// (2048 elements of a row).
+constexpr int64_t kScaleRun = 64;
 
 // y[row] for rows [r0, r1) of a single activation row x (batch 1): each block is dequantized in registers,
 // four rows at a time so the activations loaded are shared; xsum holds x's sum per block (Q4_1's mins).
 template <Kind K>
 static void gemv_rows(const Weights& w, const float* x, const float* xsum, float* y, int64_t r0, int64_t r1) {
+  constexpr bool scaled = K == Kind::Q4_1 || K == Kind::Q8_0;
   const int64_t nb = w.blocks();
-  int64_t row = r0;
-  for (; row + 4 <= r1; row += 4) {
-    fvec acc0 = fvec{}, acc1 = fvec{}, acc2 = fvec{}, acc3 = fvec{};
+  float d[4][kScaleRun], m[4][kScaleRun];
+  for (int64_t row = r0; row < r1; row += 4) {
+    const int rows = static_cast<int>(std::min<int64_t>(4, r1 - row));
+    fvec acc[4] = {};
     float mins[4] = {0, 0, 0, 0};
-    for (int64_t b = 0; b < nb; ++b) {
-      acc0 += block_dot<K>(w, row, b, x + b * 32);
-      acc1 += block_dot<K>(w, row + 1, b, x + b * 32);
-      acc2 += block_dot<K>(w, row + 2, b, x + b * 32);
-      acc3 += block_dot<K>(w, row + 3, b, x + b * 32);
-      if (K == Kind::Q4_1)
-        for (int r = 0; r < 4; ++r) mins[r] += half(w.m + (row + r) * nb + b) * xsum[b];
+    for (int64_t b0 = 0; b0 < nb; b0 += kScaleRun) {
+      const int64_t count = std::min(kScaleRun, nb - b0);
+      for (int r = 0; r < rows && scaled; ++r) halves_to_f(w.d + (row + r) * nb + b0, count, d[r]);
+      for (int r = 0; r < rows && K == Kind::Q4_1; ++r) {
+        halves_to_f(w.m + (row + r) * nb + b0, count, m[r]);
+        mins[r] += dot(m[r], xsum + b0, count);
+      }
+      const float* xb = x + b0 * 32;
+      if (rows == 4) {
+        for (int64_t b = 0; b < count; ++b) {
+          const float* xs = xb + b * 32;
+          if (scaled) {
+            acc[0] += block_sum<K>(w, row, b0 + b, xs) * d[0][b];
+            acc[1] += block_sum<K>(w, row + 1, b0 + b, xs) * d[1][b];
+            acc[2] += block_sum<K>(w, row + 2, b0 + b, xs) * d[2][b];
+            acc[3] += block_sum<K>(w, row + 3, b0 + b, xs) * d[3][b];
+          } else {
+            for (int r = 0; r < 4; ++r) acc[r] += block_sum<K>(w, row + r, b0 + b, xs);
+          }
+        }
+      } else {
+        for (int r = 0; r < rows; ++r)
+          for (int64_t b = 0; b < count; ++b) {
+            const fvec t = block_sum<K>(w, row + r, b0 + b, xb + b * 32);
+            acc[r] += scaled ? t * d[r][b] : t;
+          }
+      }
     }
-    const float sums[4] = {hsum(acc0), hsum(acc1), hsum(acc2), hsum(acc3)};
-    for (int r = 0; r < 4; ++r) y[row + r] = (sums[r] + mins[r]) * w.scale_of(row + r);
-  }
-  for (; row < r1; ++row) {
-    fvec acc = fvec{};
-    float mins = 0;
-    for (int64_t b = 0; b < nb; ++b) {
-      acc += block_dot<K>(w, row, b, x + b * 32);
-      if (K == Kind::Q4_1) mins += half(w.m + row * nb + b) * xsum[b];
-    }
-    y[row] = (hsum(acc) + mins) * w.scale_of(row);
+    for (int r = 0; r < rows; ++r) y[row + r] = (hsum(acc[r]) + mins[r]) * w.scale_of(row + r);
   }
 }
 
