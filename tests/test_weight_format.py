@@ -24,7 +24,8 @@ from infragent.engine.weight_choice import candidates, decide
 needs_kernels = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler here to build the native kernels")
 pytestmark = pytest.mark.usefixtures("kernels_built")
 SHAPES = [(37, 64, 1), (5, 32, 3), (129, 576, 1), (130, 96, 17), (1, 32, 64), (64, 1536, 33), (33, 64, 65),
-          (19, 96, 300)]  # (n, k, m): m activation rows; a prefill chunk runs the same kernel
+          (19, 96, 300), (6, 4128, 1)]  # (n, k, m): m activation rows; a prefill chunk runs the same kernel;
+# k = 4128: a batch-1 row of 129 blocks, more than one run of converted scales (kScaleRun = 64)
 
 
 def random_weight(kind: str, n: int, k: int, seed: int) -> BlockWeight:
