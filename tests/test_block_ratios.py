@@ -85,7 +85,7 @@ def test_a_local_win_needs_the_whole_interval_beyond_the_floor() -> None:
     assert block_verdict(block_estimate([-x for x in PLANTED_LOOK], 0.975), floor) == "loss"
 
 
-def test_the_aa_floor_is_the_offset_or_where_a_bias_shows_its_outer_bound() -> None:
+def test_the_aa_floor_is_the_least_unless_a_bias_shows_then_its_outer_bound() -> None:
     noisy = block_estimate([0.09, -0.07, 0.05, -0.08, 0.06, -0.04, 0.02, -0.01], 0.975)
     assert noisy.lo < 1 < noisy.hi and aa_floor(noisy) == MIN_FLOOR  # its noise is in the candidate's interval
     biased = block_estimate([0.05, 0.04, 0.06, 0.05, 0.045, 0.055, 0.05, 0.04], 0.975)
