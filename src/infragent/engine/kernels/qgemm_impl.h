@@ -81,11 +81,12 @@ static inline fvec block_sum(const Weights& w, int64_t row, int64_t b, const flo
     const uint8_t* q = w.qs + row * (w.k / 2) + b * 16;
 #ifdef INFRAGENT_Q4_BLOCK_SUM
     return q4_block_sum(q, x);  // this ISA's own (see the including file)
-#endif
+#else
     for (int j = 0; j < 16; j += VEC) {
       t += u8_to_f(q + j, false) * loadf(x + j);
       u += u8_to_f(q + j, true) * loadf(x + 16 + j);
     }
+#endif
   } else if (K == Kind::F32) {
     const float* q = w.dense_row(row) + b * 32;
     for (int j = 0; j < 16; j += VEC) {
