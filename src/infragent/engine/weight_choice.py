@@ -5,14 +5,14 @@ fp32 (the file's blocks dequantized at load) and gguf (the blocks as stored, fp3
 accumulation) compute the same model up to summation order (benchmarks/weight_format_exactness.py), so the
 choice between them is a matter of speed alone; int8 changes the numbers and is never chosen for you. The
 measurement times the model's own linears, one of each shape (a slice of the LM head), at the row counts the
-engine runs: decode at 1, 8 and 32 rows, 128, and the prefill chunk (max_num_batched_tokens; the LM head at
-most max_num_seqs rows, as many as a step samples), three ways in interleaved rounds: the blocks through the
-tile kernel, fp32 through BLAS, and the blocks dequantized per product then BLAS. Row ranges may favour
-different ways: gguf may run the tile kernel below some row count and dequantize + BLAS from there on
-(blas_from: from where BLAS is faster by more than SPLIT_MARGIN at every count measured), the weights still
-stored once at their bits. On an AMD EPYC (AVX-512), 512-row products ran x1.28-1.34 faster through BLAS, and
-128 rows within 4% either way. The choice is gguf when the blocks, each row count run its faster way, beat
-fp32 in the geometric mean over the row counts of the median round.
+engine runs: decode at 1, 8 and 32 rows, prefills of 128 and 512 rows, and the prefill chunk
+(max_num_batched_tokens; the LM head at most max_num_seqs rows, as many as a step samples), three ways in
+interleaved rounds: the blocks through the tile kernel, fp32 through BLAS, and the blocks dequantized per
+product then BLAS. Row ranges may favour different ways: gguf may run the tile kernel below some row count and
+dequantize + BLAS from there on (blas_from: from where BLAS is faster by more than SPLIT_MARGIN at every count
+measured), the weights still stored once at their bits. On an AMD EPYC (AVX-512), 512-row products ran
+x1.28-1.34 faster through BLAS, and 128 rows within 4% either way. The choice is gguf when the blocks, each row
+count run its faster way, beat fp32 in the geometric mean over the row counts of the median round.
 """
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ from infragent.engine.models.layers import Linear
 from infragent.engine.quant.blocks import BlockLinear, BlockWeight
 
 EQUAL_OUTPUTS = ("fp32", "gguf")  # the formats whose outputs are the model's (up to summation order)
-BATCHES = (1, 8, 32, 128)  # rows per product: decode at three concurrencies, and a mid-size prefill chunk
+# rows per product: decode at three concurrencies, and prefills up to the chunk. With only 128 and a 2048 chunk
+# measured, an AVX2 EPYC ran 512-row prefills through the tile kernel (BLAS x1.02 at 128, x1.37 at 2048), where
+# dequantize + BLAS was x1.15 faster (layer 0's four linears at 512 rows: 27.6 vs 24.0 ms).
+BATCHES = (1, 8, 32, 128, 512)
 LARGEST_CHUNK = 2048  # a larger prefill chunk is measured at this many rows (its choice holds above)
 SPLIT_MARGIN = 1.05  # dequantize + BLAS takes a row count only when faster than the tile kernel by more than this
 ROUNDS = 5

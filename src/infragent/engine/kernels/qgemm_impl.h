@@ -118,11 +118,18 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 // (2048 elements of a row).
 constexpr int64_t kScaleRun = 64;
 
+// A decode step reads each weight once, from memory, not cache (the model's 97 MB pass through per token): the
+// GEMV asks for the next four rows' bytes, a cache line at a time, while it multiplies these four. On a Zen 3
+// EPYC (AVX2) this took the 30 MB Q8_0 LM head from 9.8 to 26-30 GB/s on 2 threads and all 121 linears of a step
+// from ~10.4 to ~7 ms; prefetching 8 or 16 rows ahead, or into every cache level (locality 3), was slower.
+constexpr int64_t kAhead = 4;
+
 // y[row] for rows [r0, r1) of a single activation row x (batch 1): each block is dequantized in registers,
 // four rows at a time so the activations loaded are shared; xsum holds x's sum per block (Q4_1's mins).
 template <Kind K>
 static void gemv_rows(const Weights& w, const float* x, const float* xsum, float* y, int64_t r0, int64_t r1) {
   constexpr bool scaled = K == Kind::Q4_1 || K == Kind::Q8_0;
+  constexpr int64_t kBlockBytes = K == Kind::Q4_1 ? 16 : 32;
   const int64_t nb = w.blocks();
   float d[4][kScaleRun], m[4][kScaleRun];
   for (int64_t row = r0; row < r1; row += 4) {
@@ -140,6 +147,9 @@ static void gemv_rows(const Weights& w, const float* x, const float* xsum, float
       if (rows == 4) {
         for (int64_t b = 0; b < count; ++b) {
           const float* xs = xb + b * 32;
+          if (((b0 + b) * kBlockBytes) % 64 == 0 && row + kAhead + 4 <= r1)
+            for (int r = 0; r < 4; ++r)
+              __builtin_prefetch(w.qs + (row + kAhead + r) * w.row_bytes() + (b0 + b) * kBlockBytes, 0, 0);
           if (scaled) {
             acc[0] += block_sum<K>(w, row, b0 + b, xs) * d[0][b];
             acc[1] += block_sum<K>(w, row + 1, b0 + b, xs) * d[1][b];
