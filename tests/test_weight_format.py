@@ -180,6 +180,14 @@ def test_the_choice_follows_the_measured_ratios() -> None:
     assert slower.format == "fp32" and "1 rows x0.55" in slower.reason and "geometric mean x0.7" in slower.reason
 
 
+@pytest.mark.parametrize("chunk, counts", [(64, (1, 8, 32, 64)), (512, (1, 8, 32, 128, 512)),
+                                           (2048, (1, 8, 32, 128, 512, 2048)), (8192, (1, 8, 32, 128, 512, 2048))])
+def test_auto_measures_the_row_counts_a_step_can_run(chunk: int, counts: tuple) -> None:
+    config = EngineConfig(model="llama", max_num_batched_tokens=chunk, max_num_seqs=min(32, chunk),
+                          max_model_len=256)
+    assert weight_choice.row_counts(config) == counts
+
+
 def test_dequantize_and_blas_take_the_row_counts_from_where_they_win_at_every_count_above() -> None:
     fp32_over_tile = {1: [3.0] * 3, 8: [2.0] * 3, 32: [1.5] * 3, 128: [1.2] * 3, 512: [0.8] * 3}
     tile_over_blas = {1: [0.2] * 3, 8: [1.3] * 3, 32: [0.9] * 3, 128: [1.1] * 3, 512: [1.4] * 3}

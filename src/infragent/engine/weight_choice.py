@@ -6,13 +6,14 @@ accumulation) compute the same model up to summation order (benchmarks/weight_fo
 choice between them is a matter of speed alone; int8 changes the numbers and is never chosen for you. The
 measurement times the model's own linears, one of each shape (a slice of the LM head), at the row counts the
 engine runs: decode at 1, 8 and 32 rows, prefills of 128 and 512 rows, and the prefill chunk
-(max_num_batched_tokens; the LM head at most max_num_seqs rows, as many as a step samples), three ways in
-interleaved rounds: the blocks through the tile kernel, fp32 through BLAS, and the blocks dequantized per
-product then BLAS. Row ranges may favour different ways: gguf may run the tile kernel below some row count and
-dequantize + BLAS from there on (blas_from: from where BLAS is faster by more than SPLIT_MARGIN at every count
-measured), the weights still stored once at their bits. On an AMD EPYC (AVX-512), 512-row products ran
-x1.28-1.34 faster through BLAS, and 128 rows within 4% either way. The choice is gguf when the blocks, each row
-count run its faster way, beat fp32 in the geometric mean over the row counts of the median round.
+(max_num_batched_tokens; no count above it; the LM head at most max_num_seqs rows, as many as a step
+samples), three ways in interleaved rounds: the blocks through the tile kernel, fp32 through BLAS, and the
+blocks dequantized per product then BLAS. Row ranges may favour different ways: gguf may run the tile kernel
+below some row count and dequantize + BLAS from there on (blas_from: from where BLAS is faster by more than
+SPLIT_MARGIN at every count measured), the weights still stored once at their bits. On an AMD EPYC (AVX-512),
+512-row products ran x1.28-1.34 faster through BLAS, and 128 rows within 4% either way. The choice is gguf when
+the blocks, each row count run its faster way, beat fp32 in the geometric mean over the row counts of the
+median round.
 """
 from __future__ import annotations
 
@@ -125,8 +126,10 @@ def run_queue_ns() -> int:
 
 
 def row_counts(config: EngineConfig) -> tuple[int, ...]:
-    """The row counts measured: BATCHES and the prefill chunk config runs (at most LARGEST_CHUNK)."""
-    return tuple(sorted(set(BATCHES) | {min(config.max_num_batched_tokens, LARGEST_CHUNK)}))
+    """The row counts measured: the prefill chunk config runs (at most LARGEST_CHUNK) and those of BATCHES up to
+    it (a step never multiplies more rows than its chunk)."""
+    chunk = min(config.max_num_batched_tokens, LARGEST_CHUNK)
+    return tuple(sorted({rows for rows in BATCHES if rows <= chunk} | {chunk}))
 
 
 def decide(speedups: dict[int, list[float]], blas_speedups: dict[int, list[float]] | None = None) -> WeightChoice:
