@@ -396,10 +396,12 @@ def run_gil(workload_name: str, pyspy: bool = True, rate: int = 500, interval_ms
                         next_probes=[f"run {workload_name} directly to check that it works"])
     except ChildStuck as stuck:
         return stuck_feedback(workload_name, stuck)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired:  # the child was still starting (Python, torch, the workload's module)
         return Feedback("gil", "inconclusive", f"inconclusive: budget: workload {workload_name} gave nothing within "
-                        f"budget_s={timeout_s:g} (stopped before it started)",
-                        next_probes=["make the workload shorter (a few seconds is enough)"])
+                        f"budget_s={timeout_s:g} (stopped before it started: the child's start-up alone took "
+                        "longer than the budget)",
+                        next_probes=[f"infragent gil {workload_name} --budget-s {max(30.0, 4 * timeout_s):g} "
+                                     "(a budget that leaves the child time to start)"])
     feedback = _judge(workload_name, rec, threshold, out_dir)
     meta = Trace.load(rec.trace_path).meta
     if meta.get("stopped_at_budget") and rec.stalled_s is not None:
