@@ -288,6 +288,65 @@ def test_repeats_of_other_prompts_are_not_twins():
     assert "unpaired median of 4 vs 4 repeats" in j.message, j.message
 
 
+def _twin_block_runs(phases: np.ndarray, factor: float, rng: np.random.Generator, block: int | None = 4,
+                     failed: int | None = None, noise: float = 0.05) -> list[Run]:
+    """Twin repeats sent block by block: phases[repeat, block] is the machine's speed while that block's twins
+    ran (shared by both sides, seconds apart), 3% noise of each side's own; factor > 1 is slower. Each block
+    is `block` requests sent at once, its makespan the slowest of them; failed: that request index fails."""
+    runs = []
+    for repeat, row in enumerate(phases):
+        records, at = [], 0.0
+        for number, phase in enumerate(row):
+            makespan = float(2.0 * phase * factor * rng.lognormal(0, noise))
+            for i in range(4):
+                index = 4 * number + i
+                records.append(RequestRecord(index, int(_prompts(repeat, 16, False)[index]), 16,
+                                             success=index != failed, start_s=at, ttft_s=0.05,
+                                             latency_s=makespan * (1.0 if i == 3 else 0.8), output_tokens=16))
+            at += makespan
+        runs.append(Run(records, duration_s=at, block=block))
+    return runs
+
+
+def test_twin_blocks_show_a_throughput_gain_that_three_twin_repeats_cannot():
+    # 5% noise per side and block (the planted-fix loop's twin blocks spread 5-11% in log ratio, session 41)
+    rng = np.random.default_rng(12)
+    by_block, by_repeat = [], []
+    for k in range(40):
+        phases = rng.lognormal(0, 0.08, size=(3, 4))  # the machine's phase per block: 8% apart
+        faster, base = _twin_block_runs(phases, 0.92, rng), _twin_block_runs(phases, 1.0, rng)
+        j = judge(THROUGHPUT, faster, base, seed=k)[0]
+        by_block.append(j.verdict)
+        for run in faster + base:
+            run.block = None  # the same runs, paired by repeat only
+        by_repeat.append(judge(THROUGHPUT, faster, base, seed=k)[0].verdict)
+    assert "paired ratio of 12 twin blocks over 3 repeats" in j.message, j.message
+    assert by_block.count("pass") >= 37, by_block  # an 8% gain shown within the 2% limit
+    assert by_repeat.count("pass") <= 32, by_repeat  # three repeats leave two degrees of freedom
+    assert "fail" not in by_block + by_repeat
+
+
+def test_a_throughput_regression_over_twin_blocks_never_passes_and_identical_code_is_covered():
+    rng = np.random.default_rng(13)
+    covered = 0
+    for k in range(200):
+        phases = rng.lognormal(0, 0.08, size=(3, 4))
+        if k < 20:
+            j = judge(THROUGHPUT, _twin_block_runs(phases, 1.10, rng), _twin_block_runs(phases, 1.0, rng), seed=k)[0]
+            assert j.verdict != "pass" and "twin blocks" in j.message, j.message
+        same = judge(THROUGHPUT, _twin_block_runs(phases, 1.0, rng), _twin_block_runs(phases, 1.0, rng), seed=k)[0]
+        covered += same.ci[0] <= 0 <= same.ci[1]
+    assert covered >= 178, covered  # A/A: the 95% interval holds no change (expected 190 of 200, sd 3)
+
+
+def test_a_failed_request_keeps_the_comparison_by_repeat():
+    # a block with a failure would be left out, hiding a candidate that fails requests: compare repeats then
+    rng = np.random.default_rng(14)
+    phases = rng.lognormal(0, 0.08, size=(3, 4))
+    j = judge(THROUGHPUT, _twin_block_runs(phases, 1.0, rng, failed=5), _twin_block_runs(phases, 1.0, rng))[0]
+    assert "3 twin repeats" in j.message and "twin blocks" not in j.message, j.message
+
+
 E2EL_MEDIAN = Criterion(scenario="s", metric="e2el_median_ms", max_regression=0.02)
 
 

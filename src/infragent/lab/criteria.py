@@ -17,7 +17,8 @@ one that decides is kept (a batching change scatters twin requests across queue 
 Run-level metrics (throughputs) compare repeats: paired when the repeats are twins (the same prompts, run
 interleaved, as the loop's end-to-end gate runs them), as the ratio per twin repeat with a 20% trimmed mean
 and Yuen's t interval (analysis/blocks), since both sides of a twin share the machine's state of the moment;
-unpaired otherwise, and under "bootstrap". The p-value of a one-sided rank test (Wilcoxon on the pairs,
+unpaired otherwise, and under "bootstrap". Output throughput over twins sent block by block is paired finer,
+per block (twin_block_ratios): three repeats of four blocks give twelve pairs seconds apart, not three. The p-value of a one-sided rank test (Wilcoxon on the pairs,
 Mann–Whitney unpaired) is kept as information; it does not decide.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import mannwhitneyu, wilcoxon
 
-from infragent.analysis.blocks import block_estimate
+from infragent.analysis.blocks import block_estimate, block_log_ratios
 from infragent.analysis.serving_metrics import RequestRecord, bucket_of, serving_metrics
 from infragent.analysis.stats import bootstrap_median
 from infragent.lab.spec import Criterion
@@ -46,6 +47,7 @@ class Run:
     records: list[RequestRecord]
     duration_s: float
     slos_ms: dict[str, float] | None = None  # goodput SLOs of the scenario, e.g. {"ttft": 2000, "tpot": 150}
+    block: int | None = None  # requests per interleaved block when the run is one side of twins sent block by block
 
 
 @dataclass
@@ -261,6 +263,9 @@ def _relative(c: Criterion, candidate: list[Run], baseline: list[Run], bucket: s
                                     np.asarray(per_repeat(baseline)), rng)
     elif len(pairs) >= 10 and q == 50.0:
         est = _paired_estimate(np.asarray(pairs), c.higher_is_better, c.alpha, rng)
+    elif blocks := (by_repeat and c.test == "paired" and c.metric == "output_tok_s" and bucket == "all"
+                    and _twins(candidate, baseline) and twin_block_ratios(baseline, candidate)):
+        est = _twin_blocks_estimate(blocks, len(candidate), c.alpha)
     elif by_repeat and c.test == "paired" and _twins(candidate, baseline) and _positive(cand_values + base_values):
         est = _twin_repeats_estimate(np.asarray(cand_values), np.asarray(base_values), c.higher_is_better, c.alpha)
     else:  # tails (p90/p99), repeats and unmatched runs: compare the two samples as they are
@@ -345,6 +350,31 @@ def _twin_repeats_estimate(cand: np.ndarray, base: np.ndarray, higher_is_better:
     trimmed = f", {REPEAT_TRIM:.0%} trimmed" if est.df and est.df < est.blocks - 1 else ""
     return _Estimate(est.ratio - 1, est.lo - 1, est.hi - 1, p,
                      f"paired ratio of {est.blocks} twin repeats (mean of logs{trimmed}, t interval)", "median")
+
+
+def twin_block_ratios(baseline: list[Run], candidate: list[Run]) -> list[float]:
+    """Per interleaved block of twin repeats, pooled over the repeats: log(candidate / baseline) of the block's
+    makespan per output token (analysis/blocks), the inverse ratio of its output throughput. Empty unless every
+    run was sent block by block with one block size and every request on both sides succeeded: a block with
+    a failure is left out there, which would hide a candidate that fails requests."""
+    sizes = {run.block for run in baseline + candidate}
+    served = all(r.success for run in baseline + candidate for r in run.records if not r.warmup)
+    if len(sizes) != 1 or None in sizes or not served:
+        return []
+    size = sizes.pop()
+    return [x for b, c in zip(baseline, candidate) for x in block_log_ratios(b.records, c.records, size, "makespan")]
+
+
+def _twin_blocks_estimate(worse_log: list[float], repeats: int, alpha: float) -> _Estimate:
+    """The throughput regression (worse > 0) as the trimmed mean of per-block log ratios over twin repeats,
+    with Yuen's t interval. A block's twins ran seconds apart, a repeat's up to a minute apart: pairing by block
+    cancels the machine's slower phases that a per-repeat ratio carries, and gives the interval blocks × repeats
+    samples where three repeats leave it two degrees of freedom."""
+    est = block_estimate(worse_log, 1 - alpha, trim=REPEAT_TRIM)
+    p = float(wilcoxon(worse_log, alternative="greater").pvalue) if np.any(np.asarray(worse_log) != 0) else 1.0
+    trimmed = f", {REPEAT_TRIM:.0%} trimmed" if est.df and est.df < est.blocks - 1 else ""
+    return _Estimate(est.ratio - 1, est.lo - 1, est.hi - 1, p, f"paired ratio of {est.blocks} twin blocks over "
+                     f"{repeats} repeats (mean of logs{trimmed}, t interval)", "median")
 
 
 def _unpaired_estimate(cand: np.ndarray, base: np.ndarray, q: float, higher_is_better: bool, alpha: float,

@@ -14,7 +14,7 @@ from infragent.lab.criteria import Run, judge
 from infragent.lab.ledger import Ledger
 from infragent.lab.lifecycle import guarded_run, launched, open_run
 from infragent.lab.spec import Scenario, Spec, load_spec
-from infragent.probes.load_pairs import run_interleaved_sync
+from infragent.probes.load_pairs import default_block, run_interleaved_sync
 from infragent.probes.loadgen import LoadConfig, discover_model, fresh_seed, prompt_format, run_loadgen
 
 
@@ -41,8 +41,10 @@ def interleaved_repeat(scenario: Scenario, base_urls: Mapping[str, str], seed: i
     formats = {prompt_format(config, models[name])[0] for name, config in configs.items()}
     configs = {name: replace(config, prompt_format="text" if "text" in formats else "tokens")  # one workload
                for name, config in configs.items()}
-    runs = run_interleaved_sync(configs, models, seed=prompts, block=block, order_seed=seed)
-    return {name: Run(run.records, run.duration_s, dict(scenario.goodput_ms) or None) for name, run in runs.items()}
+    size = block or default_block(next(iter(configs.values())))
+    runs = run_interleaved_sync(configs, models, seed=prompts, block=size, order_seed=seed)
+    return {name: Run(run.records, run.duration_s, dict(scenario.goodput_ms) or None, size)
+            for name, run in runs.items()}
 
 
 def measure(spec_path: str | Path, ledger: Ledger, resume: int | None = None,

@@ -91,7 +91,7 @@ def headline_html(r: RunReport) -> str:
                      f'{_measure_text(h.objective.get("objective_baseline"))} → '
                      f'{_measure_text(h.objective.get("objective_candidate"))}'
                      + (f' (x{fmt(ratio.get("value"))} [{fmt(ratio.get("ci_low"))}, {fmt(ratio.get("ci_high"))}] over '
-                        f'twin repeats)' if ratio else "") + _measured_on(r, h.trial) + "</p>")
+                        f'twins)' if ratio else "") + _measured_on(r, h.trial) + "</p>")
     if h.stopped:
         parts.append(f'<p class="stopped">stopped: {e(h.stopped)}</p>')
     passed = sum(j["verdict"] == "pass" for j in h.judgements)

@@ -21,7 +21,7 @@ from infragent.analysis.blocks import (BlockEstimate, aa_floor, block_estimate, 
                                       could_still_win, output_shortfall)
 from infragent.analysis.serving_metrics import serving_metrics
 from infragent.analysis.stats import bootstrap_median
-from infragent.lab.criteria import Judgement, Run, judge, judge_interval
+from infragent.lab.criteria import REPEAT_TRIM, Judgement, Run, judge, judge_interval, twin_block_ratios
 from infragent.lab.measure import interleaved_repeat
 from infragent.lab.spec import QUALITY_METRICS, Scenario, Spec
 from infragent.lab.target import engine_config
@@ -231,7 +231,7 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
     same_outputs: the candidate's greedy outputs must match the baseline's on twin requests (at least
     OUTPUT_AGREEMENT of them); off where outputs may differ by design (quality criteria judge those).
     floor: the A/A floor (log); when given (for a patch), a candidate is kept only if it also improves the
-    objective beyond it — the CI of the per-repeat objective ratio (candidate/baseline, twin repeats) lies
+    objective beyond it — the CI of the objective ratio (candidate/baseline, per twin block or twin repeat) lies
     above exp(floor) — so a code change that passes every criterion but makes nothing better is not kept.
 
     Returns the verdict, the objective for the proposer, and per scenario and side a loadgen-shaped
@@ -251,14 +251,18 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
         repeat_all(repeat)
     first = spec.scenarios[0].name
 
-    def gain() -> BlockEstimate:  # the objective, candidate/baseline, over twin repeats of the first scenario
-        values = [objective(r) for r in runs[first]["baseline"]], [objective(r) for r in runs[first]["candidate"]]
-        return block_estimate([math.log(max(cv, 1e-9) / max(bv, 1e-9)) for bv, cv in zip(*values)], 0.95)
+    def gain() -> tuple[BlockEstimate, str]:  # the objective, candidate/baseline, over twins of the first scenario
+        sides = runs[first]["baseline"], runs[first]["candidate"]
+        blocks = [] if spec.scenarios[0].goodput_ms else twin_block_ratios(*sides)
+        if blocks:  # output throughput: per block, as its criterion is judged (lab/criteria.twin_block_ratios)
+            return block_estimate([-x for x in blocks], 0.95, trim=REPEAT_TRIM), "twin blocks"
+        values = [objective(r) for r in sides[0]], [objective(r) for r in sides[1]]
+        return block_estimate([math.log(max(cv, 1e-9) / max(bv, 1e-9)) for bv, cv in zip(*values)], 0.95), "twin repeats"
 
     def undecided(judgements: list[Judgement]) -> bool:
         if any(j.verdict == "fail" for j in judgements):
             return False
-        g = gain()
+        g = gain()[0]
         may_improve = floor is not None and not g.lo > math.exp(floor) and g.hi > math.exp(floor)
         return any(j.verdict == "inconclusive" for j in judgements) or may_improve
 
@@ -272,7 +276,7 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
     b, c = bootstrap_median(values["baseline"]), bootstrap_median(values["candidate"])
     agreement, compared = output_agreement(runs)
     wrong = same_outputs and compared > 0 and agreement < OUTPUT_AGREEMENT
-    gain_ = gain()
+    gain_, twins = gain()
     cut = shortfall_note({side: [r for run in runs[first][side] for r in run.records]
                           for side in ("baseline", "candidate")}, " (its latencies are of less work)")
     flat = floor is not None and not gain_.lo > math.exp(floor)
@@ -283,7 +287,7 @@ def end_to_end(spec: Spec, baseline_url: str, candidate_url: str, repeats_offset
                + (f"greedy outputs differ from the baseline's on {1 - agreement:.0%} of {compared} twin requests; "
                   if wrong else "")
                + (f"no improvement beyond the A/A floor (objective x{gain_.ratio:.3f} [{gain_.lo:.3f}, {gain_.hi:.3f}] "
-                  f"over {gain_.blocks} twin repeats; a kept change needs x>{math.exp(floor):.3f}); " if flat else "")
+                  f"over {gain_.blocks} {twins}; a kept change needs x>{math.exp(floor):.3f}); " if flat else "")
                + (f"{len(failed)} criteria fail: {failed[0].message}" if failed else
                   f"{len(unsure)} inconclusive: {unsure[0].message}" if unsure else
                   f"all {len(judgements)} criteria pass")
