@@ -162,3 +162,19 @@ def test_every_tool_answers_compactly_and_every_error_with_a_fix(tmp_path):
         assert "Error executing tool" in text and all(w in text for w in words), (tool, text)
         assert "Traceback" not in text and len(text.encode()) <= REPLY_LIMIT
     assert out["fresh"] == ["pass", "fail", "pass"]  # the edit and the added function are seen, no restart
+
+
+def test_a_next_probe_keeps_its_positional_argument_as_a_tool_argument():
+    from infragent.agent.mcp.server import POSITIONAL, TOOLS
+    from infragent.probes.compact import as_tool_calls
+
+    calls = as_tool_calls(["infragent gil jobs.py:run --budget-s 48 (the child's start-up took the budget)",
+                           "infragent record WORKLOAD (if several threads share the work)",
+                           "infragent analyze trace.json.gz.",
+                           "infragent gil on the thread with GIL gaps",
+                           "check --trials 200 after the fix"], TOOLS, POSITIONAL)
+    assert calls[0] == {"tool": "gil", "arguments": {"workload": "jobs.py:run", "budget_s": 48},
+                        "why": calls[0]["why"]}
+    assert calls[1]["arguments"] == {"workload": "WORKLOAD"}  # a placeholder, left for the caller to fill
+    assert calls[2]["arguments"] == {"trace": "trace.json.gz"}
+    assert calls[3]["arguments"] == {} and calls[4]["arguments"] == {"trials": 200}  # words, flags: no positional

@@ -164,7 +164,17 @@ def test_children_with_speeds_of_their_own_give_an_aa_interval_that_contains_one
         base, twin = (TimedChild(n, 1.0, 0.02, seed * 2 + i, own_sd=0.03) for i, n in enumerate(("baseline", "twin")))
         aa = step_floor(base, twin, UNIT, margin=-1.0)  # type: ignore[arg-type]  # never settled: all blocks
         contains += aa.numbers["aa_ratio"].ci_low <= 1.0 <= aa.numbers["aa_ratio"].ci_high
-    assert contains >= 180  # a 95% interval: 190 expected
+    assert contains >= 192  # a 99% interval (the decisions'): 198 expected
+
+
+def test_an_aa_that_stops_early_returns_the_floor_its_stop_rule_saw() -> None:
+    """The A/A stops once its floor lies below the win's margin; the floor it returns must be that one (it
+    was read at 95% after a stop at 99%, and a 4-block A/A's chance exclusion of 1 refused a real fix)."""
+    for seed in range(60):
+        base, twin = (TimedChild(n, 1.0, 0.03, seed * 2 + i, own_sd=0.03) for i, n in enumerate(("baseline", "twin")))
+        aa = step_floor(base, twin, UNIT, margin=0.06)  # type: ignore[arg-type]
+        if aa.numbers["aa_ratio"].n < MAX_ROUNDS:
+            assert aa.numbers["aa_floor"].value < 0.06, aa.finding
 
 
 def test_a_ten_percent_win_over_children_of_their_own_speeds_is_found() -> None:

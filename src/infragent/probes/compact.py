@@ -47,10 +47,13 @@ def compact_json(feedback: Feedback, limit: int = REPLY_LIMIT) -> str:
     return json.dumps(compact(feedback, limit))
 
 
-def as_tool_calls(next_probes: list[str], tools: set[str]) -> list[dict[str, Any]]:
+def as_tool_calls(next_probes: list[str], tools: set[str],
+                  positional: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """next_probes (written for the CLI) as tool calls for an MCP client: {"tool", "arguments", "why"} where
-    the text names one of `tools` (arguments from its name=value and --flag value parts; an upper-case
-    placeholder such as N or CANDIDATE is left for the caller to fill), else {"why"} alone."""
+    the text names one of `tools` (arguments from its name=value and --flag value parts, and from the word
+    right after the tool's name for a tool in `positional`, which names that argument, when the word is a
+    callable, a path or a placeholder; an upper-case placeholder such as N or CANDIDATE is left for the caller
+    to fill), else {"why"} alone."""
     calls = []
     for text in next_probes:
         words = re.findall(r"[A-Za-z_]+", text)
@@ -59,6 +62,10 @@ def as_tool_calls(next_probes: list[str], tools: set[str]) -> list[dict[str, Any
             calls.append({"why": text})
             continue
         arguments: dict[str, Any] = {}
+        first = re.search(rf"\b{tool}\s+([^\s,;()]+)", text)
+        value = first.group(1).rstrip(".") if first else ""
+        if tool in (positional or {}) and re.search(r"[:/.]|^[A-Z][A-Z_]*$", value) and not value.startswith("-"):
+            arguments[positional[tool]] = value
         for key, value in re.findall(r"\b([a-z_]+)=([^\s,;)]+)", text):
             arguments[key] = _argument(value)
         for flag, value in re.findall(r"--([a-z][a-z-]*)(?:\s+([^\s|;()]+))?", text):

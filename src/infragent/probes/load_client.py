@@ -35,17 +35,20 @@ class ConnectionPool:
         self._max_connections = max_connections
         self._slots: asyncio.Semaphore | None = None  # made in the running loop
 
-    async def acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connected (reader, writer), reused when one is idle; waits while max_connections are in use."""
+    async def acquire(self, reuse: bool = True) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """A connected (reader, writer, reused): an idle one when there is one and reuse allows, else a new
+        one; waits while max_connections are in use."""
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max_connections)
         await self._slots.acquire()
         try:
-            while self._idle:
+            while reuse and self._idle:
                 reader, writer = self._idle.pop()
                 if not writer.is_closing() and not reader.at_eof():
-                    return reader, writer
-            return await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+                    return reader, writer, True
+                writer.close()
+            reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+            return reader, writer, False
         except BaseException:
             self._slots.release()
             raise
@@ -62,9 +65,9 @@ class ConnectionPool:
     async def prewarm(self, count: int) -> None:
         """Open connections until count are idle (TCP setup belongs to warm-up, not to measured requests)."""
         missing = max(0, min(count, self._max_connections) - len(self._idle))
-        conns = await asyncio.gather(*[self.acquire() for _ in range(missing)])
-        for conn in conns:
-            self.release(conn, reusable=True)
+        conns = await asyncio.gather(*[self.acquire(reuse=False) for _ in range(missing)])
+        for reader, writer, _ in conns:
+            self.release((reader, writer), reusable=True)
 
     def close(self) -> None:
         """Close every idle connection."""
@@ -91,10 +94,8 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
     start = clock()  # as vLLM: the clock starts before the connection is made or reused
     record.start_s = start
     try:
-        conn = await pool.acquire()
+        conn, status, headers = await _send(pool, pool.request_bytes(path, body))
         reader, writer = conn
-        writer.write(pool.request_bytes(path, body))
-        status, headers = await _read_head(reader)
         if status != 200:
             text = (await _read_body(reader, headers)).decode(errors="replace")
             reusable = headers.get("connection") != "close"
@@ -143,6 +144,27 @@ async def stream_request(pool: ConnectionPool, path: str, body: dict[str, Any], 
     finally:
         if conn is not None:
             pool.release(conn, reusable)
+
+
+async def _send(pool: ConnectionPool, request: bytes) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                                                                int, dict[str, str]]:
+    """Write the request and read the answer's head: (connection, status, headers). A kept-alive connection
+    that the server closed while it sat idle (uvicorn closes them after 5 s, and an interleaved run leaves one
+    side's connections idle while the other side runs its block) ends or resets before a byte of the answer;
+    the request is then sent once more on a new connection, as HTTP clients do. A new connection that fails
+    raises, as does one that failed after the answer began."""
+    reader, writer, reused = await pool.acquire()
+    while True:
+        try:
+            writer.write(request)
+            return (reader, writer), *await _read_head(reader)
+        except BaseException as err:
+            pool.release((reader, writer), reusable=False)
+            closed_idle = isinstance(err, ConnectionError) or (isinstance(err, asyncio.IncompleteReadError)
+                                                              and not err.partial)
+            if not (reused and closed_idle):
+                raise
+        reader, writer, reused = await pool.acquire(reuse=False)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:

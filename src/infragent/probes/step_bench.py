@@ -24,7 +24,7 @@ is a 20% trimmed mean with Yuen's interval (STEP_TRIM), so a few wild pairs neit
 
 A step win is strict, because a patch with one goes on to an end-to-end run that only guards against
 regressions: the candidate's whole 99% interval must lie beyond the floor, at least STEP_MIN_FLOOR. The A/A
-sets the floor higher only by a bias it shows: not at all when its interval contains 1 (the candidate's
+sets the floor higher only by a bias its 99% interval shows: not at all when it contains 1 (the candidate's
 interval already holds the noise; holding it to the A/A's outer bound too counted the noise twice, and a 10%
 fix was refused in 1 of 2 runs at a floor of 5.7% from an A/A of x0.99 [0.94, 1.06]; its centre is that noise
 too), its outer bound when its interval excludes 1 (a bias shown). The blocks stop early, from MIN_ROUNDS on, once the
@@ -52,7 +52,6 @@ from infragent.probes.step_child import start_child
 
 CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
 CONFIDENCE = 0.99  # per look, from MIN_ROUNDS to MAX_ROUNDS
-AA_CONFIDENCE = 0.95  # the A/A interval that says whether the bench shows a bias (then its outer bound is the floor)
 MIN_ROUNDS = 4  # blocks; a look at 3 (2 degrees of freedom) doubled false wins in simulation: 0.25% vs 0.1%
 MAX_ROUNDS = 32  # blocks (even: each side forked first in half of them); ~2.3 s each for the llama engine
 PAIR_ROUNDS = 2  # alternating rounds per pair of children (a block): one each way round
@@ -330,15 +329,17 @@ def step_floor(baseline: StepWorker, twin: StepWorker, unit: Unit, margin: float
     """The A/A floor of the step bench: the baseline's engine against a second child of the same code, rounds
     added (to logs, from an earlier call) until the floor is known to lie below margin (log: the distance of
     a win from no change) or there are MAX_ROUNDS (analysis/blocks.aa_floor: the least floor, or the A/A's
-    outer bound where it shows a bias). An early stop reads the 99% interval, so that looking after every
-    round cannot stop on a lucky one."""
+    outer bound where it shows a bias). The floor is read from the 99% interval, the decisions' own, which the
+    early stop reads too, so that looking after every round cannot stop on a lucky one and the floor returned
+    is the one the stop saw (at 95% a 4-block A/A of x1.037 [1.000, 1.075] stopped as "below the margin" and
+    then set a floor of 7.3%, which refused a fix measured at x0.924 [0.909, 0.940]: session 41)."""
     def settled(logs: dict[str, list[float]]) -> bool:
         return aa_floor(block_estimate(logs["total"], CONFIDENCE, STEP_TRIM), STEP_MIN_FLOOR) < margin
 
     queued = QueueWait(baseline, twin)
     logs = step_rounds(baseline, twin, unit, MAX_ROUNDS, settled, logs)
     rounds = len(logs["total"])
-    estimate = block_estimate(logs["total"], AA_CONFIDENCE, STEP_TRIM)
+    estimate = block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)  # the interval the stop rule read
     floor = aa_floor(estimate, STEP_MIN_FLOOR)
     return Feedback("calibration", "pass", f"step A/A: two engines of the baseline's code differ by x{estimate.ratio:.3f} "
                     f"[{estimate.lo:.3f}, {estimate.hi:.3f}] over {rounds} blocks (fresh pairs; "

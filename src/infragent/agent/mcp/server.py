@@ -46,6 +46,8 @@ RunId = Annotated[int, Field(description="A run id from `runs`", examples=[1])]
 
 TOOLS = {"check", "bench", "record", "gil", "roofline", "analyze", "loadgen", "quality", "validate_spec", "runs",
          "show", "ledger_record", "artifact", "evaluate_criteria"}
+POSITIONAL = {"check": "candidate", "bench": "fn", "record": "workload", "gil": "workload", "roofline": "fn",
+              "analyze": "trace"}  # the argument a CLI command takes without a flag
 
 
 def with_tool_calls(reply: str) -> str:
@@ -57,7 +59,7 @@ def with_tool_calls(reply: str) -> str:
     if not isinstance(data, dict) or not data.get("next_probes") or not all(isinstance(p, str)
                                                                            for p in data["next_probes"]):
         return reply
-    data["next_probes"] = as_tool_calls(data["next_probes"], TOOLS)
+    data["next_probes"] = as_tool_calls(data["next_probes"], TOOLS, POSITIONAL)
     return json.dumps(data)
 
 
