@@ -18,8 +18,8 @@ Run-level metrics (throughputs) compare repeats: paired when the repeats are twi
 interleaved, as the loop's end-to-end gate runs them), as the ratio per twin repeat with a 20% trimmed mean
 and Yuen's t interval (analysis/blocks), since both sides of a twin share the machine's state of the moment;
 unpaired otherwise, and under "bootstrap". Output throughput over twins sent block by block is paired finer,
-per block (twin_block_ratios): three repeats of four blocks give twelve pairs seconds apart, not three. The p-value of a one-sided rank test (Wilcoxon on the pairs,
-Mann–Whitney unpaired) is kept as information; it does not decide.
+per block (twin_block_ratios): three repeats of four blocks give twelve pairs, not three. The p-value of a
+one-sided rank test (Wilcoxon on the pairs, Mann–Whitney unpaired) is kept as information; it does not decide.
 """
 from __future__ import annotations
 
@@ -367,9 +367,9 @@ def twin_block_ratios(baseline: list[Run], candidate: list[Run]) -> list[float]:
 
 def _twin_blocks_estimate(worse_log: list[float], repeats: int, alpha: float) -> _Estimate:
     """The throughput regression (worse > 0) as the trimmed mean of per-block log ratios over twin repeats,
-    with Yuen's t interval. A block's twins ran seconds apart, a repeat's up to a minute apart: pairing by block
-    cancels the machine's slower phases that a per-repeat ratio carries, and gives the interval blocks × repeats
-    samples where three repeats leave it two degrees of freedom."""
+    with Yuen's t interval. A repeat's ratio pools its blocks' (both pair the machine's phases the
+    same way, twins seconds apart), so pairing per block estimates the same ratio from blocks × repeats samples
+    where three repeats leave the interval two degrees of freedom (t = 4.3 at 95%)."""
     est = block_estimate(worse_log, 1 - alpha, trim=REPEAT_TRIM)
     p = float(wilcoxon(worse_log, alternative="greater").pvalue) if np.any(np.asarray(worse_log) != 0) else 1.0
     trimmed = f", {REPEAT_TRIM:.0%} trimmed" if est.df and est.df < est.blocks - 1 else ""
