@@ -11,8 +11,8 @@ import random
 import pytest
 
 from infragent.analysis.blocks import aa_floor, block_estimate
-from infragent.probes.step_bench import (MAX_ROUNDS, MIN_ROUNDS, PAIR_ROUNDS, STEP_MIN_FLOOR, WARMUP_UNITS, Unit,
-                                         step_bench, step_floor)
+from infragent.probes.step_bench import (MAX_ROUNDS, MIN_ROUNDS, MIN_WIN_BLOCKS, PAIR_ROUNDS, STEP_MIN_FLOOR,
+                                         WARMUP_UNITS, Unit, step_bench, step_floor, step_look)
 
 
 class TimedChild:
@@ -61,12 +61,12 @@ class TimedChild:
 UNIT = Unit([[1] * 64, [2] * 40], 8)
 
 
-@pytest.mark.parametrize("speed, verdict", [(0.6, "pass"), (1.8, "fail")])
-def test_a_clear_verdict_stops_at_the_first_look(speed: float, verdict: str) -> None:
+@pytest.mark.parametrize("speed, verdict, blocks", [(0.6, "pass", MIN_WIN_BLOCKS), (1.8, "fail", MIN_ROUNDS)])
+def test_a_clear_verdict_stops_at_the_first_look_that_may_read_it(speed: float, verdict: str, blocks: int) -> None:
     base, cand = TimedChild("baseline", 1.0, 0.02, 1), TimedChild("candidate", speed, 0.02, 2)
     fb = step_bench(base, cand, UNIT, floor=STEP_MIN_FLOOR)  # type: ignore[arg-type]
-    assert fb.verdict == verdict and fb.details["rounds"] == MIN_ROUNDS
-    assert cand.ran == 0 and len(cand.siblings) == MIN_ROUNDS  # every block a fresh pair
+    assert fb.verdict == verdict and fb.details["rounds"] == blocks
+    assert cand.ran == 0 and len(cand.siblings) == blocks  # every block a fresh pair
     assert all(s.ran == WARMUP_UNITS + PAIR_ROUNDS for s in cand.siblings)  # each warms up first
 
 
@@ -94,10 +94,43 @@ def test_every_block_is_a_fresh_pair_and_a_verdict_is_read_at_an_even_count() ->
     base = TimedChild("baseline", 1.0, 0.01, 0)
     for seed in range(3):
         step_bench(base, TimedChild("candidate", 0.5, 0.01, seed), UNIT, floor=STEP_MIN_FLOOR)  # type: ignore[arg-type]
-    assert base.ran == 0 and len(base.siblings) == 3 * MIN_ROUNDS
+    assert base.ran == 0 and len(base.siblings) == 3 * MIN_WIN_BLOCKS
     counts = {step_bench(TimedChild("baseline", 1.0, 0.06, s), TimedChild("candidate", 1.0, 0.06, 99 + s), UNIT,
                          floor=STEP_MIN_FLOOR).details["rounds"] for s in range(40)}  # type: ignore[arg-type]
     assert counts and all(n % 2 == 0 for n in counts), counts  # each side forked first equally often
+
+
+def test_four_tight_blocks_are_no_win_yet() -> None:
+    # a no-op's first 4 blocks in session 41 (sample case, run 3): x0.939 [0.933, 0.944] at 99%, read as a win
+    noop = [math.log(r) for r in (0.9377, 0.9367, 0.9411, 0.9387)]
+    assert step_look(noop, STEP_MIN_FLOOR, least=MIN_ROUNDS) == "win"  # the rule before MIN_WIN_BLOCKS
+    assert step_look(noop, STEP_MIN_FLOOR) == "go on"
+
+
+class TransientChild(TimedChild):
+    """A candidate whose first `fast` siblings run at `speed` with no noise (a few seconds of the machine that
+    favour it), and every later one like the baseline."""
+
+    def __init__(self, name: str, speed: float, noise: float, seed: int, fast: int) -> None:
+        super().__init__(name, 1.0, noise, seed)
+        self.fast_speed, self.fast = speed, fast
+
+    def sibling(self) -> TimedChild:
+        fresh = super().sibling()
+        if len(self.siblings) <= self.fast:
+            fresh.speed, fresh.noise = self.fast_speed, 0.0
+        return fresh
+
+
+def test_a_transient_that_favours_the_candidate_for_the_first_look_is_no_win_by_itself() -> None:
+    wins = 0
+    for seed in range(100):
+        base = TimedChild("baseline", 1.0, 0.0, seed)
+        cand = TransientChild("candidate", 0.94, 0.04, 300 + seed, fast=MIN_ROUNDS)
+        fb = step_bench(base, cand, UNIT, floor=STEP_MIN_FLOOR)  # type: ignore[arg-type]
+        assert step_look(fb.details["log_ratios"]["total"][:MIN_ROUNDS], STEP_MIN_FLOOR, least=MIN_ROUNDS) == "win"
+        wins += fb.verdict == "pass"
+    assert wins <= 3  # a win now needs the blocks after the transient to lean the same way (2 of 200 seeds did)
 
 
 def test_the_step_floor_is_the_bias_the_aa_shows_and_at_least_the_minimum() -> None:

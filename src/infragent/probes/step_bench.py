@@ -28,7 +28,10 @@ sets the floor higher only by a bias its 99% interval shows: not at all when it 
 interval already holds the noise; holding it to the A/A's outer bound too counted the noise twice, and a 10%
 fix was refused in 1 of 2 runs at a floor of 5.7% from an A/A of x0.99 [0.94, 1.06]; its centre is that noise
 too), its outer bound when its interval excludes 1 (a bias shown). The blocks stop early, from MIN_ROUNDS on, once the
-verdict is known: a win, or no win reachable by MAX_ROUNDS.
+verdict is known: a win, or no win reachable by MAX_ROUNDS. A win is read only from MIN_WIN_BLOCKS blocks on
+(~18 s of pairs): a no-op once read x0.939 [0.933, 0.944] over 4 blocks within 0.5% of one another, where the same
+run's A/A blocks spread 5% and its end-to-end run showed no change (session 41). With 4 blocks the interval rests
+on a spread with 3 degrees of freedom, and a few seconds of the machine that favour one side can fill them all.
 
 The A/A is measured only as far as a decision needs it. A candidate that does not win at STEP_MIN_FLOOR
 cannot win at any floor, so no A/A is run for it; a candidate that does win there is held against the A/A,
@@ -53,6 +56,7 @@ from infragent.probes.step_child import start_child
 CHECK_PROMPTS_IDS = ([1, 504, 3458, 282, 4649, 314], [1, 563, 14881, 26, 6, 1435, 339, 42], [1, 22862, 1768, 288])
 CONFIDENCE = 0.99  # per look, from MIN_ROUNDS to MAX_ROUNDS
 MIN_ROUNDS = 4  # blocks; a look at 3 (2 degrees of freedom) doubled false wins in simulation: 0.25% vs 0.1%
+MIN_WIN_BLOCKS = 8  # blocks before a win is read (a loss, or a win out of reach, is read from MIN_ROUNDS)
 MAX_ROUNDS = 32  # blocks (even: each side forked first in half of them); ~2.3 s each for the llama engine
 PAIR_ROUNDS = 2  # alternating rounds per pair of children (a block): one each way round
 STEP_TRIM = 0.2  # of the blocks, cut from each end before the mean (Yuen's trimmed mean: block_estimate)
@@ -263,12 +267,11 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     logs: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     while True:
         def decided(logs: dict[str, list[float]], floor: float = floor) -> bool:
-            estimate = block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)
-            return block_verdict(estimate, floor) == "win" or not could_win_by(estimate, floor, rounds)
+            return step_look(logs["total"], floor, rounds) != "go on"
 
         logs = step_rounds(baseline, candidate, unit, rounds, decided, logs)
         total = block_estimate(logs["total"], CONFIDENCE, STEP_TRIM)
-        if aa is None or block_verdict(total, floor) != "win":
+        if aa is None or step_look(logs["total"], floor, rounds) != "win":
             break
         margin = -math.log(total.hi)
         measured = aa(margin)
@@ -279,6 +282,8 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
     ran = len(logs["total"])
     estimates = {phase: block_estimate(values, CONFIDENCE, STEP_TRIM) for phase, values in logs.items()}
     outcome = block_verdict(estimates["total"], floor)
+    if outcome == "win" and ran < MIN_WIN_BLOCKS:
+        outcome = "inconclusive"
     numbers = {f"{phase}_ratio": Measure(e.ratio, "x", e.lo, e.hi, e.blocks) for phase, e in estimates.items()}
     numbers["floor"] = Measure(floor, "log")
     phases = ", ".join(f"{phase} x{e.ratio:.3f} [{e.lo:.3f}, {e.hi:.3f}]" for phase, e in estimates.items())
@@ -293,6 +298,16 @@ def step_bench(baseline: StepWorker, candidate: StepWorker, unit: Unit, floor: f
                     locality={"slower_phase": max(estimates, key=lambda p: estimates[p].ratio)},
                     details={"outcome": outcome, "log_ratios": logs, "rounds": ran, "wait_share": queued.share(),
                              "seconds": round(time.monotonic() - started, 2)})
+
+
+def step_look(total: list[float], floor: float, rounds: int = MAX_ROUNDS, least: int = MIN_WIN_BLOCKS) -> str:
+    """What one look at the blocks' total log ratios says: "win" (the whole interval below the floor, over at
+    least `least` blocks), "out of reach" (no win possible by `rounds` blocks: a loss, or too close to call),
+    or "go on"."""
+    estimate = block_estimate(total, CONFIDENCE, STEP_TRIM)
+    if len(total) >= least and block_verdict(estimate, floor) == "win":
+        return "win"
+    return "go on" if could_win_by(estimate, floor, rounds) else "out of reach"
 
 
 def _floor_source(floor: float, asked: float) -> str:
