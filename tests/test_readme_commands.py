@@ -100,8 +100,9 @@ def test_quant_gates_command_from_another_folder(tmp_path: Path) -> None:
     calibration (two probes, 1-3 minutes on 2 shared cores; the minutes budget does not cut them short) leave
     room for one trial only with 4 probes and 10 minutes. Its first proposal (seed 0) is W8A8 without
     SmoothQuant, which the README says fails the perplexity gate: the quality gates take 1-3 minutes."""
+    # 18 minutes, under the suite's 20-minute watchdog: a slow run fails this test, not the whole suite
     out = ran_clean(infragent("optimize", "quant-gates", "--budget-probes", "4", "--budget-minutes", "10",
-                              cwd=tmp_path, timeout=1200))
+                              cwd=tmp_path, timeout=1080))
     assert "[trial/0/quality]" in out, out[-4000:]
     line = next(x for x in out.splitlines() if "[trial/0/quality]" in x)
     if "'quantization': 'w8a8'" in line:

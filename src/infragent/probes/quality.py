@@ -11,14 +11,17 @@ Each comes with a bootstrap CI over windows (or prompts) and the raw per-window 
 """
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from infragent.analysis.stats import bootstrap_mean
+from infragent.engine.config import EngineConfig
 from infragent.engine.llm import LLM
 from infragent.engine.llm_engine import LLMEngine
 from infragent.engine.quant.corpus import token_windows
@@ -26,6 +29,7 @@ from infragent.engine.sampling import SamplingParams
 from infragent.probes.artifacts import save_json
 from infragent.probes.budget import over_budget
 from infragent.probes.feedback import Feedback, Measure
+from infragent.probes.machine import free_cores
 
 QUALITY_METRICS = ("perplexity_increase", "kl_divergence", "greedy_agreement")
 
@@ -142,12 +146,31 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+@contextmanager
+def untimed_threads(configs: list[EngineConfig]) -> Iterator[tuple[list[EngineConfig], str]]:
+    """The configs unchanged on a quiet machine; where other processes keep cores busy, those that name no
+    thread count get the free cores (machine.free_cores) divided among their ranks, with a note for the
+    finding. The process's torch thread count is restored afterwards (building an engine sets it). The gates
+    are not timed, so the thread count changes only how long they take."""
+    before = torch.get_num_threads()
+    free, cores = free_cores(), len(os.sched_getaffinity(0))
+    if free < cores:
+        configs = [c if c.num_threads is not None else
+                   replace(c, num_threads=max(1, free // (c.lockstep_ranks * c.pipeline_parallel_size)))
+                   for c in configs]
+    note = (f" (scored on {free} free core{'s' if free > 1 else ''}: other processes kept {cores - free} of "
+            f"{cores} busy)") if free < cores else ""
+    try:
+        yield configs, note
+    finally:
+        torch.set_num_threads(before)
+
+
 def quality_of(model: str, knobs: dict[str, Any], plan: QualityPlan | None = None,
                budget_s: float | None = None) -> Feedback:
     """The quality gates of an engine configuration (knobs: quantization, KV-cache dtypes) against fp32; past
     budget_s (loading included) it scores no further batch and answers, inconclusive, from what it has."""
     from infragent.engine.build import kv_cache_gb_for
-    from infragent.engine.config import EngineConfig
 
     start = time.monotonic()
     plan = plan or QualityPlan()
@@ -155,11 +178,13 @@ def quality_of(model: str, knobs: dict[str, Any], plan: QualityPlan | None = Non
     reference_config = EngineConfig(model=model, max_model_len=length)
     # a batch of windows at a time: a cache that holds one batch at full length, not the serving default
     room = {"kv_cache_gb": kv_cache_gb_for(reference_config, (plan.batch + 1) * length)}
-    candidate = LLMEngine(EngineConfig(model=model, max_model_len=length, **{**room, **knobs}))
-    reference = LLMEngine(replace(reference_config, **room))
-    label = " ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")) or "fp32"
-    samples = quality_samples(reference, candidate, plan, None if budget_s is None else start + budget_s)
+    configs = [EngineConfig(model=model, max_model_len=length, **{**room, **knobs}), replace(reference_config, **room)]
+    with untimed_threads(configs) as (configs, note):
+        candidate, reference = (LLMEngine(config) for config in configs)
+        label = " ".join(f"{k}={v}" for k, v in knobs.items() if v not in (None, "auto")) or "fp32"
+        samples = quality_samples(reference, candidate, plan, None if budget_s is None else start + budget_s)
     feedback = quality_feedback(samples, label)
+    feedback.finding += note
     if samples.stopped:
         had = f"{len(samples.kl)} of {plan.windows} windows and {len(samples.agreement)} of {plan.prompts} prompts"
         return over_budget(feedback, budget_s or 0.0, time.monotonic() - start, had)

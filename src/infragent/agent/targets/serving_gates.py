@@ -87,7 +87,7 @@ def quality_gate(spec: Spec, knobs: dict, plan=None) -> Feedback:  # noqa: ANN00
     (weights fp32 and unquantized, fp32 KV), both in-process: perplexity, KL and greedy agreement with CIs."""
     from infragent.engine.config import ConfigError
     from infragent.engine.llm_engine import LLMEngine
-    from infragent.probes.quality import quality
+    from infragent.probes.quality import quality, untimed_threads
 
     engines: list[LLMEngine] = []
     try:
@@ -96,9 +96,11 @@ def quality_gate(spec: Spec, knobs: dict, plan=None) -> Feedback:  # noqa: ANN00
                                         kv_cache_dtypes=None, quantization=None, smoothquant_alpha=None,
                                         weight_format="fp32", speculative=None, tensor_parallel_size=1,
                                         pipeline_parallel_size=1)
-        for config in (reference, candidate):
-            engines.append(LLMEngine(config))
-        feedback = quality(*engines, plan, label=f"knobs {knobs}")
+        with untimed_threads([reference, candidate]) as (configs, note):
+            for config in configs:
+                engines.append(LLMEngine(config))
+            feedback = quality(*engines, plan, label=f"knobs {knobs}")
+        feedback.finding += note
     except ConfigError as err:
         return Feedback("quality", "fail", f"knobs {knobs}: the engine cannot run them: {err}")
     finally:
