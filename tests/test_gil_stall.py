@@ -88,3 +88,72 @@ def test_an_idle_workload_that_hears_the_interrupt_gives_what_it_had_as_stalled(
     assert feedback.verdict == "inconclusive"
     assert feedback.finding.startswith("inconclusive: stalled: the workload did no CPU work for 3 s"), feedback.finding
     assert feedback.details["stalled_s"] == STALL_S  # interrupted as idle, not at the budget
+
+
+def _started(code: str) -> subprocess.Popen:
+    """A child running code in its own session; returns once it printed its first line."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_the_interrupt_is_sent_again_until_the_child_ends(monkeypatch):
+    monkeypatch.setattr(gil_probe, "STOP_GRACE_S", 8.0)
+    proc = _started("import signal, sys, time\n"
+                    "heard = []\n"
+                    "def on_interrupt(signum, frame):\n"
+                    "    heard.append(signum)\n"  # the first is lost, as a SIGINT sometimes was in the gil child
+                    "    if len(heard) == 2:\n"
+                    "        print('stopped after', len(heard)); sys.exit(0)\n"
+                    "signal.signal(signal.SIGINT, on_interrupt)\n"
+                    "print('ready', flush=True)\n"
+                    "while True: time.sleep(0.05)\n")
+    start = time.monotonic()
+    output = gil_probe._interrupt(proc, proc.pid)
+    assert "stopped after 2" in output and proc.returncode == 0
+    assert time.monotonic() - start < 6.0  # the second came about a second after the first, not at the grace
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine not in ("x86_64", "aarch64"),
+                    reason="exits the main thread alone with the raw exit syscall")
+def test_a_child_whose_main_thread_has_exited_is_ended_not_called_stuck(monkeypatch):
+    monkeypatch.setattr(gil_probe, "STOP_GRACE_S", 2.0)
+    sys_exit = {"x86_64": 60, "aarch64": 93}[os.uname().machine]
+    proc = _started("import ctypes, threading, time\n"
+                    "threading.Thread(target=lambda: [time.sleep(0.05) for _ in iter(int, 1)]).start()\n"
+                    "print('ready', flush=True)\n"
+                    f"ctypes.CDLL(None).syscall({sys_exit}, 0)\n")  # only this thread ends: the other lingers
+    deadline = time.monotonic() + 10
+    while not gil_probe._exiting(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gil_probe._exiting(proc.pid) and proc.poll() is None  # a zombie main thread, the process still there
+    output = gil_probe._interrupt(proc, proc.pid)  # no TimeoutExpired: this is an exit under way, not a hang
+    assert proc.returncode == -signal.SIGKILL and output == ""  # killed at the grace; what it wrote stands
+
+
+def test_the_child_interrupts_a_workload_that_swallowed_the_first_interrupt() -> None:
+    import threading
+
+    from infragent.probes import gil_child
+
+    def swallows_the_first() -> None:
+        try:
+            time.sleep(30)
+        except KeyboardInterrupt:
+            pass
+        time.sleep(30)
+
+    def interrupt_twice() -> None:
+        for _ in range(2):
+            time.sleep(0.3)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    before = signal.signal(signal.SIGINT, gil_child._on_interrupt)
+    try:
+        threading.Thread(target=interrupt_twice, daemon=True).start()
+        wall_ns, stopped = gil_child._run_workload(swallows_the_first)
+    finally:
+        signal.signal(signal.SIGINT, before)
+        gil_child._Stop.requested = False
+    assert stopped and wall_ns < 10e9  # stopped by the second interrupt, not after 60 s of sleeping

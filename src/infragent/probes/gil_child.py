@@ -123,15 +123,14 @@ class Sampler:
 
 class _Stop:
     """The parent's SIGINT at the budget: before the workload runs it only marks the stop (an interrupt inside
-    an import could be swallowed there); while the workload runs it interrupts it, once."""
+    an import could be swallowed there); while the workload runs it interrupts it, each time (the parent sends
+    it again when the first did not end the process) until the workload has stopped."""
 
     requested = False
     running = False
 
 
 def _on_interrupt(signum: int, frame: Any) -> None:
-    if _Stop.requested:
-        return
     _Stop.requested = True
     if _Stop.running:
         raise KeyboardInterrupt
@@ -143,12 +142,13 @@ def _run_workload(fn: Callable[[], Any]) -> tuple[int, bool]:
     start = time.perf_counter_ns()
     _Stop.running = True
     try:
-        if not _Stop.requested:  # a stop that came before running was set is seen here
-            fn()
+        try:
+            if not _Stop.requested:  # a stop that came before running was set is seen here
+                fn()
+        finally:
+            _Stop.running = False  # from here on an interrupt only marks the stop: none escapes the except below
     except KeyboardInterrupt:
         pass
-    finally:
-        _Stop.running = False
     return time.perf_counter_ns() - start, _Stop.requested
 
 
