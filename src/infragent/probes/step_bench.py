@@ -15,7 +15,10 @@ average the noise but never that offset, so an A/A of two children read x1.067 [
 candidate's child carried its own. Over fresh pairs the offsets are samples like any other noise, and the
 interval over blocks covers them. The child forked first of a set was the fast one more often than chance
 (5 of 9 sessions of four), and A/As whose blocks forked the baseline first 9 times in 16 read x0.985-x1.025 (mean x1.008):
-so the side forked first alternates, and a verdict is read only at an even number of blocks.
+so the side forked first alternates, and a verdict is read only at an even number of blocks. The baseline warms
+first and leads each block's rounds: the candidate side's small lag in A/As (x1.011 [1.001, 1.021] over 176
+in-loop blocks) was not shown to come from order; it was there in all four orders of fork and lead
+(benchmarks/step_lead_order.py, docs/BENCHMARKS.md).
 The price is a wider, heavy-tailed spread per block (a pair's two offsets are in it, and now and then a pair
 is 10-25% off: sd 4-11% of a step against ~1.3% for rounds on one pair). It is paid in blocks and in a
 robust centre: with at most 16 blocks and a plain t interval a planted 10% slowdown's fix (x0.90-0.94) was
@@ -233,13 +236,17 @@ def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds:
     return logs
 
 
-def _block(baseline: StepWorker, candidate: StepWorker, unit: Unit) -> dict[str, list[float]]:
-    """PAIR_ROUNDS alternating rounds on one pair, after each child's warm-up: their log ratios per phase."""
-    baseline.warm(unit)
-    candidate.warm(unit)
+def _block(baseline: StepWorker, candidate: StepWorker, unit: Unit, candidate_first: bool = False
+           ) -> dict[str, list[float]]:
+    """PAIR_ROUNDS alternating rounds on one pair, after each child's warm-up: their log ratios per phase. The
+    side that warms first, and runs first in even rounds, is the candidate when candidate_first (a bench's
+    question; the step bench leads with the baseline)."""
+    lead, follow = (candidate, baseline) if candidate_first else (baseline, candidate)
+    lead.warm(unit)
+    follow.warm(unit)
     block: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     for r in range(PAIR_ROUNDS):
-        first, second = (baseline, candidate) if r % 2 == 0 else (candidate, baseline)
+        first, second = (lead, follow) if r % 2 == 0 else (follow, lead)
         ran = {id(first): first.run(unit), id(second): second.run(unit)}
         b, c = ran[id(baseline)], ran[id(candidate)]
         block["total"].append(math.log(max(own_ns(c, "prefill") + own_ns(c, "decode"), 1)
