@@ -182,24 +182,25 @@ def _run(cmd: list[str], timeout_s: float, env: dict[str, str], stall_s: float =
 
 def _interrupt(proc: subprocess.Popen, workload: int) -> str:
     """SIGINT the workload's process (py-spy then ends too) once a second until proc ends, STOP_GRACE_S at most;
-    its output, or TimeoutExpired. Once is not always enough: about 1 in 50 SIGINTs left the child's main thread
-    in a join forever, a second one freed it. A process whose main thread has already exited (its os._exit is
-    under way) is not stuck: one of its threads is slow to die, and what it wrote stands; it is killed."""
+    its output, or TimeoutExpired. Once was not always enough: 2 of ~160 single interrupts here left the child
+    running, once with its main thread waiting in a join, once with its main thread gone (its os._exit under
+    way) and one thread not yet dead. A lost interrupt is sent again rather than waited on; a process whose main
+    thread has exited is not stuck, and what it wrote stands: it is killed, py-spy given the grace to write."""
     grace_end = time.monotonic() + STOP_GRACE_S
-    while True:
+    while time.monotonic() < grace_end:
         with contextlib.suppress(ProcessLookupError):  # it ended (py-spy reaped it) since the last wait
             os.kill(workload, signal.SIGINT)  # the child's handler acts until the workload has stopped
-        try:
-            output, _ = proc.communicate(timeout=max(0.0, min(POLL_S, grace_end - time.monotonic())))
-            return output
-        except subprocess.TimeoutExpired:
-            if time.monotonic() < grace_end:
-                continue
-            if not _exiting(workload):
-                raise
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return proc.communicate(timeout=max(0.0, min(POLL_S, grace_end - time.monotonic())))[0]
+    if not _exiting(workload):
+        raise subprocess.TimeoutExpired(proc.args, STOP_GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(workload, signal.SIGKILL)  # py-spy, seeing it end, writes its samples
+    try:
+        return proc.communicate(timeout=STOP_GRACE_S)[0]
+    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return output
+        return proc.communicate()[0]
 
 
 def _exiting(pid: int) -> bool:
