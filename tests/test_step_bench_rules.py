@@ -52,6 +52,12 @@ class TimedChild:
             self.wall_ns, self.wait_ns = self.wall_ns + int(own + wait), self.wait_ns + int(wait)
         return answer
 
+    def begin(self, unit: Unit) -> None:  # lockstep: the whole unit at its one step
+        self.begun = unit
+
+    def step(self) -> dict:
+        return self.run(self.begun)
+
     def warm(self, unit: Unit) -> None:
         while self.units.get(unit.shape, 0) < WARMUP_UNITS:
             self.units[unit.shape] = self.units.get(unit.shape, 0) + 1

@@ -1,5 +1,6 @@
 """A step worker forked from the zygote runs its own copy of the code (not the zygote's infragent), gives the
-tokens a fresh interpreter gives, says why when it dies, and the zygote can be turned off."""
+tokens a fresh interpreter gives, says why when it dies, and the zygote can be turned off; two children run a
+unit in lockstep, one engine step each in turn, with the answers a unit run whole gives."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import pytest
 
 from engine_checkout import planted_checkout
 from infragent.engine.config import EngineConfig
-from infragent.probes.step_bench import StepBenchError, StepWorker, Unit
+from infragent.probes.step_bench import StepBenchError, StepWorker, Unit, lockstep
 from infragent.probes.step_child import ForkedChild
 
 CONFIG = json.loads(EngineConfig(model="llama", max_model_len=256, max_num_seqs=2).to_json())
@@ -69,3 +70,22 @@ def test_a_child_reports_the_run_queue_wait_another_process_adds(tmp_path: Path)
     wall = sum(a["prefill_ns"] + a["decode_ns"] for a in answers)
     waited = sum(a["prefill_wait_ns"] + a["decode_wait_ns"] for a in answers)
     assert waited / wall > 0.25, (waited, wall)
+
+
+def test_two_children_in_lockstep_take_their_steps_in_turn_and_answer_as_a_whole_unit() -> None:
+    a, b = StepWorker(None, CONFIG, "a"), StepWorker(None, CONFIG, "b")
+    try:
+        a.ready(), b.ready()
+        whole = a.run(UNIT)
+        turns: list[str] = []
+        for worker in (a, b):
+            step = worker.step
+            worker.step = lambda step=step, name=worker.name: (turns.append(name), step())[1]  # type: ignore[method-assign]
+        ran_a, ran_b = lockstep(a, b, UNIT)
+        assert ran_a["tokens"] == ran_b["tokens"] == whole["tokens"]
+        assert ran_a["steps"] == ran_b["steps"] == whole["steps"] == UNIT.max_tokens  # a step per token here
+        assert turns == ["a", "b"] * whole["steps"]
+        assert a.run(UNIT)["tokens"] == whole["tokens"]  # the protocol is back to whole units after
+    finally:
+        a.close()
+        b.close()

@@ -1,8 +1,9 @@
 """The step microbenchmark: the engine's prefill and decode steps timed in-process, baseline against
 candidate, each engine built from its own copy of the code (a worktree's src/) in its own child
 (probes/step_worker.py). The verdict comes from blocks: each block is a fresh pair of children, one per side,
-that take turns for PAIR_ROUNDS units in alternating order, so drift on the machine falls on both; its number
-is the mean log ratio (candidate/baseline) of its rounds. The side forked first alternates between blocks.
+that run PAIR_ROUNDS units in lockstep (one engine step each in turn, the side that steps first alternating
+between rounds), so the machine's moods fall on both; its number is the mean log ratio (candidate/baseline) of
+its rounds. The side forked first alternates between blocks.
 Each step is timed less the run-queue wait within it (the child's schedstat), so a busy machine adds its
 waits to neither side. Seconds, not minutes: a patch that makes the engine slower or changes its greedy
 tokens is refuted before any server starts.
@@ -115,8 +116,20 @@ class StepWorker:
     def run(self, unit: Unit, trace: Path | None = None) -> dict[str, Any]:
         """Run one unit (under the tracer, saved at trace, when given); its timings and tokens."""
         self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
-        answer = self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
-                            **({"trace": str(trace)} if trace else {})})
+        return self._counted(self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
+                                        **({"trace": str(trace)} if trace else {})}))
+
+    def begin(self, unit: Unit) -> None:
+        """Start a unit in lockstep: its requests are added, and each step waits for step()."""
+        self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
+        self._send({"prompts": unit.prompts, "max_tokens": unit.max_tokens, "lockstep": True})
+
+    def step(self) -> dict[str, Any] | None:
+        """One engine step of the unit begun; None while steps remain, then the unit's timings and tokens."""
+        answer = self._ask({"step": True})
+        return self._counted(answer) if answer.get("done") else None
+
+    def _counted(self, answer: dict[str, Any]) -> dict[str, Any]:
         self.wall_ns += answer["prefill_ns"] + answer["decode_ns"]
         self.wait_ns += answer.get("prefill_wait_ns", 0) + answer.get("decode_wait_ns", 0)
         return answer
@@ -238,8 +251,8 @@ def step_rounds(baseline: StepWorker, candidate: StepWorker, unit: Unit, rounds:
 
 def _block(baseline: StepWorker, candidate: StepWorker, unit: Unit, candidate_first: bool = False
            ) -> dict[str, list[float]]:
-    """PAIR_ROUNDS alternating rounds on one pair, after each child's warm-up: their log ratios per phase. The
-    side that warms first, and runs first in even rounds, is the candidate when candidate_first (a bench's
+    """PAIR_ROUNDS rounds in lockstep on one pair, after each child's warm-up: their log ratios per phase. The
+    side that warms first, and steps first in even rounds, is the candidate when candidate_first (a bench's
     question; the step bench leads with the baseline)."""
     lead, follow = (candidate, baseline) if candidate_first else (baseline, candidate)
     lead.warm(unit)
@@ -247,7 +260,7 @@ def _block(baseline: StepWorker, candidate: StepWorker, unit: Unit, candidate_fi
     block: dict[str, list[float]] = {"total": [], "prefill": [], "decode": []}
     for r in range(PAIR_ROUNDS):
         first, second = (lead, follow) if r % 2 == 0 else (follow, lead)
-        ran = {id(first): first.run(unit), id(second): second.run(unit)}
+        ran = dict(zip((id(first), id(second)), lockstep(first, second, unit)))
         b, c = ran[id(baseline)], ran[id(candidate)]
         block["total"].append(math.log(max(own_ns(c, "prefill") + own_ns(c, "decode"), 1)
                                        / max(own_ns(b, "prefill") + own_ns(b, "decode"), 1)))
@@ -255,6 +268,20 @@ def _block(baseline: StepWorker, candidate: StepWorker, unit: Unit, candidate_fi
         per_step = [own_ns(x, "decode") / max(x["decode_steps"], 1) for x in (b, c)]
         block["decode"].append(math.log(per_step[1] / per_step[0]))
     return block
+
+
+def lockstep(first: StepWorker, second: StepWorker, unit: Unit) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One unit on each child, their engine steps taken in turn (first's, second's, first's, ...; a child that
+    has finished drops out): both answers. Run one after the other, two units saw different seconds of the
+    machine; stepped in turn, each ~50 ms step of one side has the other's beside it."""
+    first.begin(unit)
+    second.begin(unit)
+    answers: list[dict[str, Any] | None] = [None, None]
+    while None in answers:
+        for i, worker in enumerate((first, second)):
+            if answers[i] is None:
+                answers[i] = worker.step()
+    return answers[0], answers[1]  # type: ignore[return-value]
 
 
 def own_ns(answer: dict[str, Any], phase: str) -> int:

@@ -6,9 +6,12 @@ process's PYTHONPATH (a candidate's worktree or the baseline's), running units o
 First line in: {"config": {EngineConfig fields, "hybrid": {...}}}; answer {"ready": true, "code": FOLDER}.
 Then per line in: {"prompts": [[token ids], ...], "max_tokens": N} (and "trace": PATH to run it under the
 tracer); the batch runs to completion, greedy, and the answer is {"prefill_ns", "decode_ns",
-"prefill_wait_ns", "decode_wait_ns", "decode_steps", "tokens"} (and "trace") — steps that ran while some
+"prefill_wait_ns", "decode_wait_ns", "decode_steps", "steps", "tokens"} (and "trace") — steps that ran while some
 request had no token yet count as prefill, the rest as decode; a phase's wait is the part of its wall time
-the engine's thread spent runnable but off the CPU (another process had it).
+the engine's thread spent runnable but off the CPU (another process had it). With "lockstep": true the
+requests are added and each engine step waits for a line {"step": true}: the answer to each is {"done": false},
+and to the last one the unit's answer with "done": true. The parent steps two children in turn, so the machine's
+moods (a host's clock and its neighbours change within a second) fall on both sides' steps alike.
 
 gil_workload is the same engine and unit as a workload for the gil probe (a proposer's `gil` tool).
 """
@@ -36,7 +39,19 @@ def main() -> None:
                 answer = _run(engine, unit, SamplingParams)
             _say({**answer, "trace": str(rec.trace().save(unit["trace"]))})
             continue
+        if unit.get("lockstep"):
+            _say({**_run(engine, unit, SamplingParams, before_step=_await_turn), "done": True})
+            continue
         _say(_run(engine, unit, SamplingParams))
+
+
+def _await_turn(steps: int) -> None:
+    """In lockstep: acknowledge the step before (none before the first), then wait for the parent's turn."""
+    if steps:
+        _say({"done": False})
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit("the parent closed stdin in the middle of a lockstep unit")
 
 
 def build_engine(fields: dict):  # noqa: ANN201 (the LLMEngine of whichever copy of the code runs this)
@@ -66,20 +81,24 @@ def gil_workload() -> None:
         engine.close()
 
 
-def _run(engine, unit: dict, sampling) -> dict:  # noqa: ANN001 (the engine and SamplingParams of this copy)
-    """One unit to completion: prefill and decode time, decode steps, and every request's tokens."""
+def _run(engine, unit: dict, sampling, before_step=None) -> dict:  # noqa: ANN001 (this copy's engine and types)
+    """One unit to completion: prefill and decode time, decode steps, and every request's tokens;
+    before_step(steps taken so far), when given, runs untimed before each step."""
     params = sampling(max_tokens=unit["max_tokens"], temperature=0.0, ignore_eos=True)
     seqs = [engine.add_request(ids, params) for ids in unit["prompts"]]
     spent = {"prefill_ns": 0, "decode_ns": 0, "prefill_wait_ns": 0, "decode_wait_ns": 0}
-    steps = 0
+    steps = taken = 0
     while engine.has_unfinished():
+        if before_step is not None:
+            before_step(taken)
+        taken += 1
         phase = "decode" if all(s.output_token_ids for s in seqs) else "prefill"
         waited, started = run_queue_wait_ns(), time.perf_counter_ns()
         engine.step()
         spent[f"{phase}_ns"] += time.perf_counter_ns() - started
         spent[f"{phase}_wait_ns"] += run_queue_wait_ns() - waited
         steps += phase == "decode"
-    return {**spent, "decode_steps": steps, "tokens": [list(s.output_token_ids) for s in seqs]}
+    return {**spent, "decode_steps": steps, "steps": taken, "tokens": [list(s.output_token_ids) for s in seqs]}
 
 
 def run_queue_wait_ns() -> int:
