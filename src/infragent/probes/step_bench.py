@@ -25,6 +25,12 @@ is 10-25% off: sd 4-11% of a step against ~1.3% for rounds on one pair). It is p
 robust centre: with at most 16 blocks and a plain t interval a planted 10% slowdown's fix (x0.90-0.94) was
 shown in 3 of 8 runs (benchmarks/step_bench_power.py); blocks cost ~2.3 s, so the cap is 32, and the centre
 is a 20% trimmed mean with Yuen's interval (STEP_TRIM), so a few wild pairs neither move nor widen it.
+Why lockstep: this machine's host changes its speed within a second (two back-to-back runs of a fixed 5 ms loop
+differ by 7-18% sd; on a noisy day an 11 ms loop's median moved 11.8 -> 19.2 ms in a minute, no steal time
+counted), so two units run one after the other saw different seconds. Stepping the pair in turn, each ~50 ms step of one side has one of the other's beside it: over 12 fresh A/A
+pairs each, interleaved, the block-mean sd fell from 0.066 to 0.036 (benchmarks/step_lockstep.py; pinning each
+child's threads to fixed CPUs as well did not help, 0.062). What it costs: each step starts after the other
+child's step has run through the caches, as no step of a server does.
 
 A step win is strict, because a patch with one goes on to an end-to-end run that only guards against
 regressions: the candidate's whole 99% interval must lie beyond the floor, at least STEP_MIN_FLOOR. The A/A
