@@ -27,8 +27,8 @@ shown in 3 of 8 runs (benchmarks/step_bench_power.py); blocks cost ~2.3 s, so th
 is a 20% trimmed mean with Yuen's interval (STEP_TRIM), so a few wild pairs neither move nor widen it.
 Why lockstep: this machine's host changes its speed within a second (two back-to-back runs of a fixed 5 ms loop
 differ by 7-18% sd; on a noisy day an 11 ms loop's median moved 11.8 -> 19.2 ms in a minute, no steal time
-counted), so two units run one after the other saw different seconds. Stepping the pair in turn, each ~50 ms step of one side has one of the other's beside it: over 12 fresh A/A
-pairs each, interleaved, the block-mean sd fell from 0.066 to 0.036 (benchmarks/step_lockstep.py; pinning each
+counted), so two units run one after the other saw different seconds. Stepping the pair in turn, each ~50 ms
+step of one side has one of the other's beside it: over 12 fresh A/A pairs each, interleaved, the block-mean sd fell from 0.066 to 0.036 (benchmarks/step_lockstep.py; pinning each
 child's threads to fixed CPUs as well did not help, 0.062). What it costs: each step starts after the other
 child's step has run through the caches, as no step of a server does.
 
@@ -121,14 +121,16 @@ class StepWorker:
 
     def run(self, unit: Unit, trace: Path | None = None) -> dict[str, Any]:
         """Run one unit (under the tracer, saved at trace, when given); its timings and tokens."""
-        self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
-        return self._counted(self._ask({"prompts": unit.prompts, "max_tokens": unit.max_tokens,
-                                        **({"trace": str(trace)} if trace else {})}))
+        return self._counted(self._ask(self._unit(unit, **({"trace": str(trace)} if trace else {}))))
 
     def begin(self, unit: Unit) -> None:
         """Start a unit in lockstep: its requests are added, and each step waits for step()."""
+        self._send(self._unit(unit, lockstep=True))
+
+    def _unit(self, unit: Unit, **extra: Any) -> dict[str, Any]:
+        """The message that starts a unit, counted as run (warm-up is per shape)."""
         self.units[unit.shape] = self.units.get(unit.shape, 0) + 1
-        self._send({"prompts": unit.prompts, "max_tokens": unit.max_tokens, "lockstep": True})
+        return {"prompts": unit.prompts, "max_tokens": unit.max_tokens, **extra}
 
     def step(self) -> dict[str, Any] | None:
         """One engine step of the unit begun; None while steps remain, then the unit's timings and tokens."""
