@@ -34,6 +34,7 @@ LAUNCHES = {
                         "max_num_batched_tokens": 128, "max_model_len": 256, "kv_cache_gb": 0.04,
                         "num_threads": 1},
     "pipeline-parallel": {"pipeline_parallel_size": 2, "pp_micro_batches": 3, "kv_layout": "contiguous",
+                          "decode_stack": "off",
                           "tokenizer_mode": "slow"},
     "speculative": {"speculative": "draft", "num_speculative_tokens": 2, "draft_layers": 1, "draft_window": 32,
                     "prompt_lookup_max": 3, "prompt_lookup_min": 1, "rollback": "replayssm", "rollback_window": 5,

@@ -94,6 +94,7 @@ def build_parts(config: EngineConfig) -> EngineParts:
         kv_cache = KVCache(local.num_attention_layers, num_blocks, block_size, local.num_kv_heads,
                            local.head_dim, config.torch_dtype, config.kv_layout, formats)
         kv_cache.kernels = model.kernels = use_native_kernels(config.kernels, config.torch_dtype, local.kernel_sizes())
+        model.use_decode_stack = config.decode_stack == "auto"
         model.use_block_kernels(candidates(config) != ("fp32",) and use_block_kernels(config.kernels))
         if config.weight_format in DIGITS:
             model.use_int8_activations(DIGITS[config.weight_format])

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from infragent.engine.options import (BLOCK_FORMATS, DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES,  # noqa: F401
+from infragent.engine.options import (BLOCK_FORMATS, DECODE_STACKS, DTYPES, GEMMS, KDA_DECODE_IMPLS, KERNEL_CHOICES,  # noqa: F401
                                       KV_CACHE_DTYPES, KV_LAYOUTS, MODELS, MOE_EXCHANGES, PARTIAL_PRECISIONS,
                                       QUANTIZATIONS, ROLLBACKS, ROUTER_SCORINGS, SPECULATIVE, TRANSFER_IMPLS,
                                       TOKENIZER_MODES, TRANSFER_MODES, WEIGHT_FORMATS, ConfigError)
@@ -99,6 +99,9 @@ class EngineConfig:
                       "native_gemm.py).")
     kernels: str = _knob("auto", "--kernels", "Native C++ kernels for attention and norms: auto (where they "
                          "build and apply), native (error if they cannot), torch (torch ops only).")
+    decode_stack: str = _knob("auto", "--decode-stack", "auto: a decode-only step runs every layer in one native "
+                              "call where the model allows it (attention layers, a dense MLP, the native kernels; "
+                              "bit for bit the op-by-op path); off: op by op from Python, as prefill runs.")
     kv_transfer: bool = _knob(False, "--kv-transfer", "Send each prefill layer's K/V to a KV store on a "
                               "transfer thread.")
     kv_transfer_mode: str = _knob("layerwise", "--kv-transfer-mode", "layerwise (as each layer finishes) or "
@@ -169,6 +172,8 @@ class EngineConfig:
             raise ConfigError(f"gemm: {self.gemm} runs fp32 only; use dtype float32 or gemm torch")
         if self.kernels not in KERNEL_CHOICES:
             raise ConfigError(f"kernels: {self.kernels!r}; choose one of {', '.join(KERNEL_CHOICES)}")
+        if self.decode_stack not in DECODE_STACKS:
+            raise ConfigError(f"decode_stack: {self.decode_stack!r}; choose one of {', '.join(DECODE_STACKS)}")
         if self.tokenizer_mode not in TOKENIZER_MODES:
             raise ConfigError(f"tokenizer_mode: {self.tokenizer_mode!r}; choose one of {', '.join(TOKENIZER_MODES)}")
         if self.kv_layout not in KV_LAYOUTS:

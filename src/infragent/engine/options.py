@@ -15,6 +15,7 @@ QUANTIZATIONS = ("w8a8", "int8-weight")
 SPECULATIVE = ("ngram", "draft")  # prompt lookup, or the model's own first layers as a draft model
 ROLLBACKS = ("snapshot", "replayssm")
 KERNEL_CHOICES = ("auto", "native", "torch")
+DECODE_STACKS = ("auto", "off")  # decode-only steps through one native call where they can, or op by op
 WEIGHT_FORMATS = ("auto", "fp32", "gguf", "gguf-a16", "gguf-a8", "int8")  # measured; the file's blocks
 # dequantized at load, kept as stored (fp32 activations, or activations as two or one int8 digits), int8 per row
 BLOCK_FORMATS = ("gguf", "gguf-a16", "gguf-a8")  # the formats that keep the model file's own blocks

@@ -22,7 +22,7 @@ import torch
 from infragent.engine.options import ConfigError
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "paged_attention.cpp", HERE / "fused_layers.cpp", HERE / "scaled_kv.cpp"]
+SOURCES = [HERE / "paged_attention.cpp", HERE / "fused_layers.cpp", HERE / "scaled_kv.cpp", HERE / "decode_stack.cpp"]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # no -fopenmp at link: torch's own OpenMP runtime is used
 # The quantized-weight products pick their instruction set at run time (AVX-512, AVX2 or baseline, each
 # compiled in by a target pragma), so their library is built for the baseline CPU, not -march=native: the

@@ -1,6 +1,7 @@
 """DecoderModel: embeddings, a stack of (norm, mixer, norm, MLP) layers, final norm and LM head."""
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -8,6 +9,8 @@ import torch.nn.functional as F
 
 from infragent.engine import dense_choice
 from infragent.engine.kv_cache import KDAStateCache, KVCache
+from infragent.engine.models import decode_stack
+from infragent.engine.models.decode_stack import DecodeStack
 from infragent.engine.models.kda_layer import KDA
 from infragent.engine.models.layers import Attention, GatedMLP, Linear, Rotary, Weight, linear, rms_norm
 from infragent.engine.models.moe import MoE, Router
@@ -17,6 +20,7 @@ from infragent.engine.quant.blocks_a8 import A8_KINDS, BlockLinearA8
 from infragent.engine.step_inputs import StepInputs
 from infragent.trace import span
 
+log = logging.getLogger(__name__)
 
 class DecoderModel:
     """A pre-norm decoder whose mixers are attention or KDA layers, built from HF-named weights."""
@@ -40,6 +44,9 @@ class DecoderModel:
         self.block_kernels = False  # stored-block weights through the native kernels (use_block_kernels)
         self.final_norm = take("model.norm.weight")
         self.kernels = False  # native fused kernels for the residual add + RMSNorm and the MLP's silu * up
+        self.use_decode_stack = True  # decode-only steps through one native call (models/decode_stack.py)
+        self._stack: DecodeStack | None = None
+        self._stack_why = ""  # the last reason logged (each new one is logged once)
         self.rotary = rotary = Rotary(shape.head_dim, shape.rope_theta, shape.max_position_embeddings, dtype)
         self.layers: list[tuple[torch.Tensor, Attention | KDA, torch.Tensor, GatedMLP | MoE]] = []
         attention_index = kda_index = 0
@@ -82,6 +89,7 @@ class DecoderModel:
 
     def use_block_kernels(self, native: bool) -> None:
         """Run the stored-block weights (embedding lookup, projections, LM head) through the native kernels."""
+        self._forget_stack()
         self.block_kernels = native
         for owner, name in self.linears():
             if isinstance(getattr(owner, name), (BlockLinear, BlockLinearA8)):
@@ -89,6 +97,7 @@ class DecoderModel:
 
     def use_blas_from(self, rows: int | None) -> None:
         """Run every stored-block linear's products of `rows` rows or more as dequantize + BLAS (None: never)."""
+        self._forget_stack()
         for owner, name in self.linears():
             block = getattr(owner, name)
             if isinstance(block, BlockLinear):
@@ -105,6 +114,7 @@ class DecoderModel:
     def hold_fp32(self) -> None:
         """Dequantize stored-block weights in place: the model then holds what weight_format fp32 loads (a
         float embedding, and each linear's own transposed copy)."""
+        self._forget_stack()
         embed = self.embed
         if isinstance(embed, BlockWeight):
             self.embed = embed.dequantize()
@@ -117,6 +127,7 @@ class DecoderModel:
     def use_dense_kernel(self, threads: int) -> list[str]:
         """Run each float linear's small products through the native dense kernel at the row counts where it
         was measured faster than BLAS on this machine (dense_choice.py); returns each shape's measurement."""
+        self._forget_stack()
         seen: dict[tuple[int, int], dense_choice.ShapeChoice] = {}
         for owner, name in self.linears():
             lin = getattr(owner, name)
@@ -140,11 +151,13 @@ class DecoderModel:
 
     def use_gemm(self, gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> None:
         """Route every layer's projections (not the LM head) through gemm (None: torch.mm)."""
+        self._forget_stack()
         for owner, name in self.projections():
             getattr(owner, name).gemm = gemm
 
     def keep_layers(self, start: int, stop: int) -> None:
         """Keep layers [start, stop) only (a pipeline stage); their caches are renumbered from 0."""
+        self._forget_stack()
         self.layers = self.layers[start:stop]
         attention = kda = 0
         for _, mixer, _, _ in self.layers:
@@ -161,7 +174,14 @@ class DecoderModel:
         inputs.rope_cos, inputs.rope_sin = self.rotary.tables(inputs.positions)
         # the residual stream is updated in place (add_rms_norm): a fresh tensor, never the caller's
         hidden = self.embedding(inputs.input_ids) if hidden is None else hidden.clone()
-        layers = self.layers[:num_layers]
+        stack = self._decode_stack(kv_cache) if num_layers is None else None
+        if stack is not None and stack.takes(inputs):
+            return stack.run(hidden, inputs)
+        return self.run_layers(hidden, inputs, kv_cache, kda_states, self.layers[:num_layers])
+
+    def run_layers(self, hidden: torch.Tensor, inputs: StepInputs, kv_cache: KVCache,
+                   kda_states: KDAStateCache | None, layers: list) -> torch.Tensor:
+        """hidden after the given layers, one op at a time (the path every step can take)."""
         delta = None  # the last sublayer's output, not yet added to the residual stream
         for layer, (norm_in, mixer, norm_post, mlp) in enumerate(layers):
             x = self.add_rms_norm(hidden, delta, norm_in)
@@ -177,6 +197,26 @@ class DecoderModel:
         if delta is not None:
             hidden += delta
         return hidden
+
+    def _decode_stack(self, kv_cache: KVCache) -> DecodeStack | None:
+        """The native plan of this model's layers over kv_cache (built when first asked, again after a change),
+        or None where it does not apply (asked again each step: a swapped linear may come back); each new
+        reason is logged once."""
+        if not (self.use_decode_stack and self.kernels and kv_cache.kernels):
+            return None
+        stack = self._stack
+        if stack is not None and stack.current(self.layers, kv_cache):
+            return stack
+        stack, why = decode_stack.build(self, kv_cache)
+        if why != self._stack_why:
+            log.info("decode stack: %s", why)
+            self._stack_why = why
+        self._stack = stack
+        return stack
+
+    def _forget_stack(self) -> None:
+        """The layers' linears changed in place: plan the stack again when next asked."""
+        self._stack = None
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows of token ids [T] (dequantized, for stored blocks)."""

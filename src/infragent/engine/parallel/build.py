@@ -83,6 +83,7 @@ def caches(config, model: DecoderModel, num_blocks: int, block_size: int  # noqa
     kv_cache = KVCache(attention, num_blocks, block_size, shape.num_kv_heads, shape.head_dim, config.torch_dtype,
                        config.kv_layout, kv_formats(config.layer_kv_dtypes(attention)))
     kv_cache.kernels = model.kernels = use_native_kernels(config.kernels, config.torch_dtype, shape.kernel_sizes())
+    model.use_decode_stack = config.decode_stack == "auto"
     kda_states = (KDAStateCache(kda, config.max_num_seqs, shape.kda_num_heads, shape.kda_head_k_dim,
                                 shape.kda_head_v_dim) if kda else None)
     return kv_cache, kda_states
