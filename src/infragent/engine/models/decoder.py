@@ -22,6 +22,7 @@ from infragent.trace import span
 
 log = logging.getLogger(__name__)
 
+
 class DecoderModel:
     """A pre-norm decoder whose mixers are attention or KDA layers, built from HF-named weights."""
 
