@@ -19,12 +19,12 @@ from typing import Callable
 
 import torch
 
-from infragent.trace import recording
 from infragent.engine.kv_cache import KVCache
 from infragent.engine.models.layers import Attention, GatedMLP, Linear
 from infragent.engine.quant.blocks import BlockLinear
 from infragent.engine.quant.blocks_a8 import BlockLinearA8
 from infragent.engine.step_inputs import StepInputs
+from infragent.trace import recording
 
 VERIFIED = "30901d2854fa9134"  # source_digest() of the mirrored functions when tests/test_decode_stack.py passed
 
@@ -43,8 +43,12 @@ def mirrored(decoder: type) -> list[Callable]:
 
 @functools.cache
 def source_digest(decoder: type) -> str:
-    """A hash of the mirrored functions' source, as this checkout has it (read once a process)."""
-    text = "\n".join(inspect.getsource(fn) for fn in mirrored(decoder))
+    """A hash of the mirrored functions' source, as this checkout has it (read once a process); "unreadable"
+    where the source is not installed (then the stack stays off)."""
+    try:
+        text = "\n".join(inspect.getsource(fn) for fn in mirrored(decoder))
+    except (OSError, TypeError):
+        return "unreadable"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -104,7 +108,7 @@ def build(model: object, kv_cache: KVCache) -> tuple[DecodeStack | None, str]:
     digest = source_digest(type(model))
     if digest != VERIFIED:
         return None, (f"the Python layer path it mirrors changed (source {digest}, verified {VERIFIED}); "
-                      "tests/test_decode_stack.py checks it again")
+                      "tests/test_decode_stack.py checks it again")  # or its source could not be read
     shape = model.shape
     tensors: list[torch.Tensor] = []
     ints: list[int] = []
